@@ -27,6 +27,10 @@ class OnThread:
         except BaseException as exc:  # noqa: BLE001 - handed to result(), raised on the caller's thread
             self._error = exc
 
+    def join(self) -> None:
+        """Wait for it to end; what it raised is kept for result(), not raised here."""
+        self._thread.join()
+
     def result(self) -> Any:
         self._thread.join()
         if self._error is not None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, Callable
 
 import duckdb
 
@@ -125,7 +126,10 @@ def _rank(row: RequestRow) -> int:
     return int(row.dp_rank or 0)
 
 
-def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike, run_start_ns: int) -> RequestContext:
+def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike, run_start_ns: int,
+                    read: Callable[[str], Any] | None = None) -> RequestContext:
+    """`read`: the request's reads (read/request_reads.py `RequestReads.get`) where the caller has
+    started them (explain): the queue at its arrival is taken from them; None: read here."""
     row = RequestRow.of(row)
     arrival = int(row.arrival_ns or 0)
     end = int(row.first_token_ns) if row.first_token_ns is not None else arrival
@@ -136,8 +140,8 @@ def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike, r
     b = read_req.window_load(con, run_id, start, end, _rank(row), rec)
     n, busy = int(b.num_batches), int(b.busy_ns or 0)
     compute, recompute = int(b.compute_ns or 0), int(b.recompute_ns or 0)
-    depth = 0
-    if row.seq is not None:
+    depth, deferred = 0, read is not None and row.seq is not None  # deferred: taken last, read meanwhile
+    if row.seq is not None and not deferred:
         # The replay's own queue at its replayed arrival: requests of its rank that had arrived
         # (arrival_ns, the replay's clock; at the same instant, the earlier trace line first) and
         # were scheduled after it arrived. Not the trace's order: in a closed loop a later trace
@@ -150,6 +154,8 @@ def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike, r
     if cap is not None and queue > 0 and row.first_token_ns is not None:
         w0, w1 = arrival + int(row.storage_wait_ns or 0), int(row.first_token_ns)
         at_cap = min(at_cap_ns(read_req.running_spans(con, run_id, _rank(row), w0, w1), cap, w0, w1), queue)
+    if deferred and read is not None:
+        depth = int(read("queue_depth"))
     return RequestContext(
         queue_depth_at_arrival=depth, window_start_ns=start, window_ns=span, prefill_busy_ns=busy,
         prefill_busy_share=share(busy, span), prefill_compute_ns=compute, recompute_ns=recompute,

@@ -49,7 +49,7 @@ from tierdiag.diagnose.request.explain_verdict import VerdictInputs, context_sen
 from tierdiag.diagnose.run.miss_reasons import miss_sentence, request_miss_reasons
 from tierdiag.diagnose.run.facts import RunFacts, run_bounds  # noqa: F401 - run_bounds: slow's clock
 from tierdiag.diagnose.read import queries
-from tierdiag.diagnose.read import request_steps as read_steps
+from tierdiag.diagnose.read.request_reads import RequestReads, has_previous_turn
 from tierdiag.diagnose.read.run import parse
 from tierdiag.diagnose.session.sessions import session_step
 from tierdiag.diagnose.request.tokens import TokenSplit
@@ -67,6 +67,18 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     """
     req_id = str(req_id)
     row = queries.request(con, run, req_id)
+    # Its evictions and transfers, the run's prefill-busy time, its previous turn and the queue at
+    # its arrival: read on another thread while the steps below read the rest (a 1M-request run's
+    # largest reads; issue 41).
+    reads = RequestReads(con, run, row, is_finished(row))
+    try:
+        return _explain(con, run, req_id, row, reads, run_ctx=run_ctx, advice=advice, facts=facts)
+    finally:
+        reads.close()
+
+
+def _explain(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, row, reads: RequestReads, *,
+             run_ctx: RunContext | None, advice: tuple | None, facts: RunFacts | None) -> Explanation:
     tokens = TokenSplit.from_row(row)
     if facts is None:
         facts = RunFacts(con, run)
@@ -75,17 +87,14 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
         run_ctx = facts.context(attribution=False)
     bounds = totals.bounds
     finished = is_finished(row)
-    ctx = request_context(con, run.run_id, row, bounds[0]) if finished else None
+    ctx = request_context(con, run.run_id, row, bounds[0], reads.get) if finished else None
     attribution = queue_attribution(con, run.run_id, row) if finished else None
     vocab = run_vocabulary(run)  # the words of the SGLang release the run followed
+    first = (step_host_hit(row, tokens, run, vocab), step_prefix(row, tokens, vocab),
+             step_load_back(con, run, row, tokens, totals, reads.get("transfers")))
     # The evictions of its prefix, read once: step 4 lists them, the session step its pause's and wait's.
-    evictions = read_steps.request_evictions(con, run.run_id, req_id)
-    steps = (
-        step_host_hit(row, tokens, run, vocab),
-        step_prefix(row, tokens, vocab),
-        step_load_back(con, run, row, tokens, totals),
-        step_eviction(con, run, row, tokens, totals, evictions),
-    )
+    evictions = reads.get("evictions")
+    steps = first + (step_eviction(con, run, row, tokens, totals, evictions, reads.get("run_busy_ns")),)
     # Context in step 3 (the load-back rate around it) and the run's "why" in step 4.
     steps = (steps[0], steps[1], replace(steps[2], finding=steps[2].finding + context_sentence(ctx, row)),
              steps[3])
@@ -96,7 +105,8 @@ def explain_request(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, *
     if reasons:
         steps = steps[:3] + (replace(steps[3], finding=f"{steps[3].finding} "
                                                        f"{miss_sentence(reasons, tokens.computed_tokens)}"),)
-    session = session_step(con, run, row, bounds[0], len(steps) + 1, evictions)  # a turn with a predecessor
+    session = session_step(con, run, row, bounds[0], len(steps) + 1, evictions,  # a turn with a predecessor
+                           (reads.get("previous"),) if has_previous_turn(row) else None)
     if session is not None:
         steps += (session,)
     if parse(run).ranks > 1:  # a request of a data-parallel run (routing.py imported for one: ~4 ms)

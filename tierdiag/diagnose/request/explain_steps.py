@@ -220,7 +220,10 @@ def step_prefix(row: RowLike, tokens: TokenSplit, vocab: Vocabulary) -> Step:
 
 
 def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, tokens: TokenSplit,
-                    totals: RunTotals) -> Step:
+                    totals: RunTotals, records: list[read_steps.TransferRecord] | None = None) -> Step:
+    """`records`: the request's transfers (read_steps.request_transfers over [arrival, finish])
+    where the caller has read them (explain: beside the rest, read/request_reads.py); read here
+    otherwise."""
     row = RequestRow.of(row)
     bounds = totals.bounds
     lo, hi = _window(row, bounds)
@@ -237,7 +240,7 @@ def step_load_back(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, t
                     t_start_ns=int(t.t_start_ns or 0) - bounds[0], t_end_ns=int(t.t_end_ns or 0) - bounds[0],
                     pages=int(t.pages or 0), runs=int(t.runs or 0),
                     bytes=int(t.bytes or 0), queued_ns=t.queued_ns, wall_ns=t.wall_ns)
-        for t in read_steps.request_transfers(con, rid, row.req_id, t_lo, t_hi))
+        for t in (records if records is not None else read_steps.request_transfers(con, rid, row.req_id, t_lo, t_hi)))
     win_n, win_bytes = read_steps.window_loadbacks(con, rid, lo, hi)
     run_n, run_bytes = totals.loadbacks, totals.loadback_bytes
     window_span = hi - lo
@@ -313,9 +316,12 @@ def _load_back_finding(ev: LoadBackEvidence, row: RequestRow) -> str:
 
 
 def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, tokens: TokenSplit,
-                   totals: RunTotals, records: list[read_steps.EvictionRecord] | None = None) -> Step:
+                   totals: RunTotals, records: list[read_steps.EvictionRecord] | None = None,
+                   run_busy_ns: int | None = None) -> Step:
     """`records`: the request's evictions (read_steps.request_evictions) where the caller has read
-    them (explain reads them once for this step and the session step); read here otherwise."""
+    them (explain reads them once for this step and the session step); read here otherwise.
+    `run_busy_ns`: the run's prefill-busy time (read_steps.run_prefill_busy_ns) where the caller
+    has read it (explain: beside the rest, read/request_reads.py); read here otherwise."""
     row = RequestRow.of(row)
     rid = run.run_id
     bounds = totals.bounds
@@ -361,7 +367,8 @@ def step_eviction(con: duckdb.DuckDBPyConnection, run: RunInfo, row: RowLike, to
     # back for, and the eviction rate per ns of prefill-busy time, here and over the run (a
     # rate per wall ns would compare a busy window with a run average diluted by idle hours).
     # request_evictions is read only between the window's eviction ids (issue 41).
-    win_reref, win_busy, run_busy = read_steps.window_eviction_load(con, rid, lo, hi, dev.first_id, dev.last_id)
+    win_reref, win_busy, run_busy = read_steps.window_eviction_load(con, rid, lo, hi, dev.first_id, dev.last_id,
+                                                                  run_busy_ns)
     run_n = totals.device_evictions
     window_rate = _per_s(win_n, int(win_busy or 0) or hi - lo)
     run_rate = _per_s(run_n, int(run_busy or 0) or span_ns)

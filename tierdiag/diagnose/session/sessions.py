@@ -186,8 +186,11 @@ def _move(tier: str, action: str) -> str:
 
 
 def session_step(con: duckdb.DuckDBPyConnection, run, row: RowLike, run_start_ns: int, number: int,
-                 records: list[EvictionRecord] | None = None) -> Step | None:
+                 records: list[EvictionRecord] | None = None, previous: tuple[RequestRow | None] | None = None
+                 ) -> Step | None:
     """The session step for a turn with a predecessor (its row's think_ms set), else None.
+    `previous`: (queries.previous_turn's answer,) where the caller has read it (explain: beside
+    the rest, read/request_reads.py); None: read here.
     `records`: the request's evictions (read/request_steps.py `request_evictions`) where the
     caller has read them (explain's step 4 has): the pause's and the wait's are taken from them."""
     from tierdiag.diagnose.read import request_steps  # explain's reads: `summary` reads this module without them
@@ -198,7 +201,7 @@ def session_step(con: duckdb.DuckDBPyConnection, run, row: RowLike, run_start_ns
     rid = run.run_id
     if records is None:
         records = request_steps.request_evictions(con, rid, str(row.req_id))
-    prev = queries.previous_turn(con, run, row)
+    prev = previous[0] if previous is not None else queries.previous_turn(con, run, row)
     arrival = row.arrival_ns
     finish = prev.finish_ns if prev else None
     device = int(row.device_hit_tokens or 0)

@@ -1,0 +1,114 @@
+"""explain's reads on a second cursor and a thread (read/request_reads.py): each answer is the
+answer of the query the caller's thread would have made, for every request of the planted run,
+and a read that raises says so where it is asked for, not where the reads are closed."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tierdiag.diagnose.read import queries
+from tierdiag.diagnose.read import request_context as read_req
+from tierdiag.diagnose.read import request_steps as read_steps
+from tierdiag.diagnose.read.request_reads import RequestReads, asks_queue_depth, has_previous_turn, shadowed
+from tierdiag.diagnose.read.rows import fetch_dicts
+from tierdiag.diagnose.request.explain_steps import is_finished
+from tierdiag.store.reader import open_store, resolve_run
+
+
+@pytest.fixture
+def store(planted):
+    con = open_store(planted.path)
+    run = resolve_run(con, None)
+    ids = [r["req_id"] for r in fetch_dicts(con, "SELECT req_id FROM requests WHERE run_id = ? ORDER BY seq",
+                                            [run.run_id])]
+    yield con, run, [queries.request(con, run, i) for i in ids]
+    con.close()
+
+
+def test_each_read_is_the_callers_query(store):
+    con, run, rows = store
+    assert rows
+    assert not shadowed(con)  # a store of the current schema: the reads run on the thread
+    for row in rows:
+        finished = is_finished(row)
+        reads = RequestReads(con, run, row, finished)
+        try:
+            rid = run.run_id
+            t_lo = int(row.arrival_ns) if row.arrival_ns is not None else None
+            assert reads.get("transfers") == read_steps.request_transfers(con, rid, row.req_id, t_lo, row.finish_ns)
+            assert reads.get("evictions") == read_steps.request_evictions(con, rid, row.req_id)
+            whole = read_steps.window_eviction_load(con, rid, 0, 10**12, None, None)
+            assert reads.get("run_busy_ns") == whole.run_busy_ns
+            assert read_steps.window_eviction_load(con, rid, 0, 10**12, None, None, reads.get("run_busy_ns")) == whole
+            want_prev = queries.previous_turn(con, run, row) if has_previous_turn(row) else None
+            assert reads.get("previous") == want_prev
+            want_depth = (read_req.queue_depth_at_arrival(con, rid, row.req_id, int(row.arrival_ns or 0), int(row.seq),
+                                                          int(row.dp_rank or 0))
+                          if asks_queue_depth(row, finished) else None)
+            assert reads.get("queue_depth") == want_depth
+        finally:
+            reads.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # read only
+@given(lo=st.integers(-(2**63), 2**63 - 1), hi=st.integers(-(2**63), 2**63 - 1),
+       ids=st.tuples(st.none() | st.integers(-(2**63), 2**63 - 1), st.none() | st.integers(-(2**63), 2**63 - 1)))
+def test_the_window_load_with_the_run_busy_time_given_is_the_same(planted, lo, hi, ids):
+    """Any window and id range, int64 extremes included: given the run's busy time (read apart),
+    the window's numbers are the one query's."""
+    con = open_store(planted.path)
+    try:
+        run = resolve_run(con, None)
+        busy = read_steps.run_prefill_busy_ns(con, run.run_id)
+        try:
+            whole = read_steps.window_eviction_load(con, run.run_id, lo, hi, *ids)
+        except duckdb.OutOfRangeException:  # the window's arithmetic overflows int64 either way
+            with pytest.raises(duckdb.OutOfRangeException):
+                read_steps.window_eviction_load(con, run.run_id, lo, hi, *ids, busy)
+            return
+        assert read_steps.window_eviction_load(con, run.run_id, lo, hi, *ids, busy) == whole
+    finally:
+        con.close()
+
+
+def test_a_read_that_raises_says_so_where_it_is_asked_for(tmp_path, planted):
+    import shutil
+
+    copy = tmp_path / "nobatches.duckdb"
+    shutil.copy(planted.path, copy)
+    with duckdb.connect(str(copy)) as rw:
+        rw.execute("DROP TABLE batches")
+    con = duckdb.connect(str(copy), read_only=True)
+    try:
+        run = resolve_run(con, None)
+        row = queries.request(con, run, "recomp")
+        reads = RequestReads(con, run, row, is_finished(row))
+        try:
+            assert reads.get("evictions") == read_steps.request_evictions(con, run.run_id, "recomp")
+            with pytest.raises(duckdb.CatalogException):
+                reads.get("run_busy_ns")
+            with pytest.raises(duckdb.CatalogException):  # the reads after it never ran
+                reads.get("previous")
+        finally:
+            reads.close()  # waits, raises nothing of its own
+        reads.close()  # twice: nothing left to close
+    finally:
+        con.close()
+
+
+def test_a_shadowed_store_reads_on_the_callers_thread(store):
+    """A connection with temporary views (an older schema's tables shadowed: store/reader.py) is
+    read on the caller's thread, where the views are; the answers are the same."""
+    con, run, rows = store
+    row = rows[0]
+    con.execute("CREATE TEMP VIEW shadow_probe AS SELECT 1 AS x")
+    try:
+        assert shadowed(con)
+        reads = RequestReads(con, run, row, is_finished(row))
+        assert reads.get("evictions") == read_steps.request_evictions(con, run.run_id, row.req_id)
+        assert reads.get("run_busy_ns") == read_steps.run_prefill_busy_ns(con, run.run_id)
+        reads.close()
+    finally:
+        con.execute("DROP VIEW shadow_probe")
