@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, assume, example, given, settings, strategies
 from harness import SMALL, cli, good_lines, tierdiag_in_process, write_trace
 from tierdiag.config.engine import CONFIG_KEYS, CONFIG_SCHEMA, load_config
 from tierdiag.config.profile import CLOCK_PARAMS, PROFILE_FORMAT, load_profile, preset_clock
+from tierdiag.config.releases import switched_back_names
 from tierdiag.errors import ConfigError, ExitCode
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -81,8 +82,10 @@ def _write_toml(path, table: dict) -> None:
 @given(key=st.sampled_from(CONFIG_KEYS), value=HOSTILE)
 @example(key="router_cache_threshold", value=10**400)  # found here: math.isfinite raised OverflowError
 @example(key="mem_fraction_static", value=math.nan)  # issue 39, item 15
+@example(key="sglang_switched_back", value="")  # "" is no rule switched back: read back as None
 def test_every_config_key_takes_or_names_file_and_key(store, key, value):
-    """In the boundary itself: a value is taken as written, or refused (exit 3) naming the file
+    """In the boundary itself: a value is taken as written (sglang_switched_back: in its one
+    spelling, the names joined by ',' and None for none), or refused (exit 3) naming the file
     and the key, in one line."""
     _, _, root = store
     cfg = root / "c.toml"
@@ -96,6 +99,8 @@ def test_every_config_key_takes_or_names_file_and_key(store, key, value):
         # short enough to read, long enough to list the known names (23 rule names with a temp path)
         assert len(line) < 900, line
         return
+    if key == "sglang_switched_back":
+        value = ",".join(switched_back_names(value)) or None
     assert getattr(got, key) == value  # taken as written (every float key is bounded: never NaN)
 
 
