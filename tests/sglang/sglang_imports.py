@@ -7,7 +7,8 @@ use. What it does, as /work/shared/SGLANG_ON_CPU.md describes:
 - a bare `sglang` package (sglang/__init__.py is the frontend: never run);
 - permissive stub modules for GPU packages that `sglang.*` imports at module level but never
   calls on the cache paths (only when the import comes from an `sglang.*` module);
-- `torch.compile` as a no-op decorator; CUDA streams/events that complete synchronously;
+- `torch.compile` and Dynamo's `disable` as no-op decorators (torch._dynamo is not imported for
+  them); CUDA streams/events that complete synchronously;
 - a single-rank gloo process group;
 - a logical clock in place of `time.monotonic` (see `Clock`).
 """
