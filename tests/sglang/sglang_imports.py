@@ -7,7 +7,8 @@ use. What it does, as /work/shared/SGLANG_ON_CPU.md describes:
 - a bare `sglang` package (sglang/__init__.py is the frontend: never run);
 - permissive stub modules for GPU packages that `sglang.*` imports at module level but never
   calls on the cache paths (only when the import comes from an `sglang.*` module);
-- `torch.compile` as a no-op decorator; CUDA streams/events that complete synchronously;
+- `torch.compile` and Dynamo's `disable` as no-op decorators (torch._dynamo is not imported for
+  them); CUDA streams/events that complete synchronously;
 - a single-rank gloo process group;
 - a logical clock in place of `time.monotonic` (see `Clock`).
 """
@@ -194,6 +195,21 @@ def sync_device_module() -> types.SimpleNamespace:
                                  stream=lambda *a, **k: _SyncStream(), synchronize=lambda *a: None)
 
 
+class _LazyDynamo(types.ModuleType):
+    """`torch._dynamo` as an attribute of torch until something reads more of it than `disable`
+    (then the real package is imported, which puts itself in this one's place on torch). An
+    `import torch._dynamo` statement never sees this object: it is not in sys.modules."""
+
+    @staticmethod
+    def disable(fn=None, *args, **kwargs):
+        return fn if callable(fn) else (lambda f: f)
+
+    def __getattr__(self, name: str):
+        import importlib
+
+        return getattr(importlib.import_module("torch._dynamo"), name)
+
+
 def install(root: str) -> None:
     """Make `import sglang.srt...` load from `root` (an unzipped wheel) without sglang/__init__.py."""
     os.environ.setdefault("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")
@@ -214,6 +230,13 @@ def install(root: str) -> None:
     import torch
 
     torch.compile = lambda fn=None, *a, **k: fn if callable(fn) else (lambda f: f)
+    # Dynamo's `disable` decorators likewise (nothing here is compiled): `torch.compiler.disable`
+    # and `torch._dynamo.disable` at the import of SGLang's kernel loaders and layers imported
+    # torch._dynamo (~2.4 s of a worker's ~5 s start-up CPU) only to mark functions that no
+    # compiler ever sees. Any other use of torch._dynamo still imports the real one (_LazyDynamo).
+    torch.compiler.disable = torch.compile
+    if "torch._dynamo" not in sys.modules:
+        torch._dynamo = _LazyDynamo("torch._dynamo")
     import torch.distributed as dist
 
     if not dist.is_initialized():
