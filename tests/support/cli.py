@@ -6,6 +6,7 @@ entry point's error handling in the test's process: no interpreter start, ~0.45 
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -62,6 +63,10 @@ class Result:
         assert self.code == 0, self.err
         return json.loads(self.out)
 
+    def __iter__(self):
+        """`code, out, err = tierdiag_in_process(...)`."""
+        return iter((self.code, self.out, self.err))
+
 
 def tierdiag(*args: object, env: dict[str, str] | None = None, timeout: float = 300,
              cwd: Path | None = None) -> Result:
@@ -111,7 +116,8 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
     after it: sys.argv, the environment (`env`, default `cli_env()`: what the CLI starts gets it), the
     working folder, stdout and stderr (UTF-8 text streams over bytes, not terminals, as a pipe
     is), the signal handlers and tierdiag's consoles (made afresh, so COLUMNS is read again).
-    Not for what only a process shows: signals, exit without teardown, what a command imports,
+    Each command's click command is built once for the test process (`_built_once`), as a
+    process builds it once. Not for what only a process shows: signals, exit without teardown, what a command imports,
     variables read at import, non-UTF-8 argv or streams.
 
     `direct`: the app the console script takes for this command line (cli/main.py
@@ -130,6 +136,9 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
     saved_streams = sys.stdout, sys.stderr
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     leave_fast, quiet_stdout = list(exits._LEAVE_FAST), exits._quiet_stdout
+    from tierdiag.cli import main as cli_main
+
+    build_command = cli_main._command
     out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True) for _ in range(2))
     code = 0
     try:
@@ -140,6 +149,7 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
         sys.argv = ["tierdiag", *map(str, args)]
         _fresh_consoles(common)
         sys.stdout, sys.stderr = out, err
+        cli_main._command = functools.partial(_built_once, build_command)
         # After an output error or a closed pipe the CLI points the process's stdout (fd 1) at
         # /dev/null, so the interpreter's last flush cannot fail: here fd 1 is pytest's.
         exits._quiet_stdout = _no_stdout_to_quiet
@@ -151,6 +161,7 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
         err.flush()
     finally:
         sys.stdout, sys.stderr = saved_streams
+        cli_main._command = build_command
         _fresh_consoles(common)
         sys.argv = saved_argv
         os.chdir(saved_cwd)
@@ -162,6 +173,26 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
         exits._LEAVE_FAST[:] = leave_fast
         exits._quiet_stdout = quiet_stdout
     return Result(code, out.buffer.getvalue().decode("utf-8"), err.buffer.getvalue().decode("utf-8"))
+
+
+_BUILT: dict = {}
+
+
+def _built_once(build, name: str):
+    """cli/main.py `_command(name)` (`build`) for `tierdiag_in_process`: the click command of
+    `name` built once per command function (or group app) for this process, not at every call.
+    A process builds it once, at its start; here every call did (Typer's app makes its group
+    afresh at each call): ~20 ms of CPU a call, most of a refusal's. Keyed by the function
+    itself, so a command function replaced (a test's monkeypatch) is built again."""
+    import importlib
+
+    from tierdiag.cli import main
+
+    module, _ = main.COMMANDS[name]
+    key = (name, getattr(importlib.import_module(f"tierdiag.cli.{module}"), main.GROUP_APPS.get(name, name)))
+    if key not in _BUILT:
+        _BUILT[key] = build(name)
+    return _BUILT[key]
 
 
 def completed_in_process(*args: object, env: dict[str, str] | None = None, cwd: Path | None = None,
