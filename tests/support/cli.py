@@ -6,6 +6,7 @@ entry point's error handling in the test's process: no interpreter start, ~0.45 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -90,12 +91,14 @@ def one_line_error(got_code: int, err: str, code: int, *fragments: str) -> str:
 
 def invoke(*args: object) -> str:
     """The CLI in this process (Typer's runner), for tests that replay and read many times where
-    a process each would cost seconds: exit 0 asserted, stdout returned."""
+    a process each would cost seconds: exit 0 asserted, stdout returned. Its click commands
+    built once for the test process, as `tierdiag_in_process`'s."""
     from typer.testing import CliRunner
 
     from tierdiag.cli.main import app
 
-    result = CliRunner().invoke(app, [str(a) for a in args])
+    with _commands_built_once():
+        result = CliRunner().invoke(app, [str(a) for a in args])
     assert result.exit_code == 0, (result.output, result.exception)
     return result.output
 
@@ -136,9 +139,6 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
     saved_streams = sys.stdout, sys.stderr
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     leave_fast, quiet_stdout = list(exits._LEAVE_FAST), exits._quiet_stdout
-    from tierdiag.cli import main as cli_main
-
-    build_command = cli_main._command
     out, err = (io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True) for _ in range(2))
     code = 0
     try:
@@ -149,19 +149,18 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
         sys.argv = ["tierdiag", *map(str, args)]
         _fresh_consoles(common)
         sys.stdout, sys.stderr = out, err
-        cli_main._command = functools.partial(_built_once, build_command)
         # After an output error or a closed pipe the CLI points the process's stdout (fd 1) at
         # /dev/null, so the interpreter's last flush cannot fail: here fd 1 is pytest's.
         exits._quiet_stdout = _no_stdout_to_quiet
         try:
-            exits.run(_direct_app if direct else _build_app)
+            with _commands_built_once():
+                exits.run(_direct_app if direct else _build_app)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         out.flush()
         err.flush()
     finally:
         sys.stdout, sys.stderr = saved_streams
-        cli_main._command = build_command
         _fresh_consoles(common)
         sys.argv = saved_argv
         os.chdir(saved_cwd)
@@ -176,6 +175,19 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
 
 
 _BUILT: dict = {}
+
+
+@contextlib.contextmanager
+def _commands_built_once():
+    """cli/main.py `_command` answering from `_built_once` for the block, then put back."""
+    from tierdiag.cli import main
+
+    build = main._command
+    main._command = functools.partial(_built_once, build)
+    try:
+        yield
+    finally:
+        main._command = build
 
 
 def _built_once(build, name: str):
