@@ -5,6 +5,7 @@ hostile command lines, and the outputs of the two paths to each other on a real 
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.cli.cli_helpers import _env, cli
+from tests.cli.cli_helpers import _env, cli, cli_here
 from tests.support.cli import ENTRY
 from tierdiag.cli import main
 
@@ -26,9 +27,16 @@ _TOKENS = st.sampled_from([
 ])
 
 
+@functools.cache
+def _click_command(name: str):
+    """`main._command(name)` built once (~22 ms a build, ~400 examples here): click parses each
+    command line in a context of its own, as Typer's app does for every call of a session."""
+    return main._command(name)
+
+
 def _typer_params(name: str, argv: list[str]):
     """The parameters Typer parses `argv` into for command `name`, or None where it refuses it."""
-    command = main._command(name)
+    command = _click_command(name)
     try:
         ctx = command.make_context("tierdiag", list(argv))
     except Exception:  # noqa: BLE001 - a usage error, --help's exit: Typer's to say, not the direct path's
@@ -83,24 +91,25 @@ def _loaded(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
 
 
 def _slowest(db: Path) -> str:
-    r = cli("slow", "--db", db, "--top", 1, "--ids")
+    r = cli_here("slow", "--db", db, "--top", 1, "--ids")  # an input: in this process
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().splitlines()[0]
 
 
 def test_the_plain_read_commands_import_no_typer_and_print_what_typer_s_path_prints(late_run):
-    """Each command line by the direct path and the same by Typer's (`--db=PATH`, a form the
-    direct path leaves to Typer): the same stdout, stderr and exit, errors included."""
+    """Each command line by the direct path (the console script's process) and the same by
+    Typer's (`--db=PATH`, a form the direct path leaves to Typer; in this process, `cli_here`:
+    Typer's path is not what is tested): the same stdout, stderr and exit, errors included."""
     db = str(late_run)
     req = _slowest(late_run)
     for args in (["summary"], ["summary", "--json"], ["explain", req], ["explain", req, "--json"],
                  ["explain", "no-such-request"], ["summary", "--run", "no-such-run"],
                  ["explain", req, "--run", "late", "--json"]):
         direct = cli(*args[:1], "--db", db, *args[1:])
-        typer = cli(*args[:1], f"--db={db}", *args[1:])
+        typer = cli_here(*args[:1], f"--db={db}", *args[1:])
         assert (direct.returncode, direct.stdout, direct.stderr) == (typer.returncode, typer.stdout, typer.stderr), args
     missing = str(Path(db).with_name("missing.duckdb"))
-    direct, typer = cli("summary", "--db", missing), cli("summary", f"--db={missing}")
+    direct, typer = cli("summary", "--db", missing), cli_here("summary", f"--db={missing}")
     assert direct.returncode == typer.returncode != 0 and direct.stderr == typer.stderr
     for args in (["explain", req], ["summary"]):
         r, loaded = _loaded(*args, "--db", db)
@@ -126,7 +135,7 @@ def test_the_read_commands_leave_without_teardown_their_output_written_and_atexi
                        (["explain", "no-such-request", "--db", db], None)):
         left = subprocess.run([sys.executable, "-c", entry, *args], capture_output=True, text=True, env=_env(COLUMNS="80"),
                               timeout=120)
-        plain = cli(*args)
+        plain = cli_here(*args, direct=True)  # the same command's output, in this process
         assert left.stdout == plain.stdout and left.returncode == plain.returncode, args
         assert left.stderr == plain.stderr + "atexit ran\n", left.stderr
         assert code is None or left.returncode == code
@@ -281,8 +290,9 @@ def test_a_replay_path_there_but_not_readable_goes_to_typer(tmp_path):
 
 
 def test_replay_by_either_path_prints_the_same(tmp_path):
-    """A replay's plain form (direct) and the same with `--db=PATH` (Typer's): the same result
-    (but its walls) and, for bad values, the same error line and exit code."""
+    """A replay's plain form (direct, the console script's process) and the same with
+    `--db=PATH` (Typer's, in this process: `cli_here`): the same result (but its walls) and, for
+    bad values, the same error line and exit code."""
     import json
 
     from tests.cli.cli_helpers import REPLAY_ARGS, write_late_trace
@@ -291,7 +301,7 @@ def test_replay_by_either_path_prints_the_same(tmp_path):
     db = str(tmp_path / "r.duckdb")
     args = [*map(str, REPLAY_ARGS)]
     direct = cli("replay", trace, "--no-probes", "--json", *args, "--db", db)
-    typer = cli("replay", trace, "--no-probes", "--json", *args, f"--db={db}")
+    typer = cli_here("replay", trace, "--no-probes", "--json", *args, f"--db={db}")
     assert direct.returncode == typer.returncode == 0, direct.stderr + typer.stderr
     mine, theirs = json.loads(direct.stdout), json.loads(typer.stdout)
     for out in (mine, theirs):
@@ -300,9 +310,9 @@ def test_replay_by_either_path_prints_the_same(tmp_path):
     for bad in (["--dp", "0"], ["--storage-tokens", "99999999999999999999"], ["--router", "nope"],
                 ["--time-scale", "nan"], ["--model", "caf\u00e9"], ["--config", str(tmp_path / "none.toml")]):
         direct = cli("replay", trace, "--no-probes", *args, *bad, "--db", db)
-        typer = cli("replay", trace, "--no-probes", *args, *bad, f"--db={db}")
+        typer = cli_here("replay", trace, "--no-probes", *args, *bad, f"--db={db}")
         assert direct.returncode == typer.returncode != 0 and direct.stderr == typer.stderr, (bad, direct.stderr)
         assert direct.stderr.count("\n") == 1 and direct.stdout == typer.stdout == "", bad
     missing = cli("replay", str(tmp_path / "none.jsonl"), "--no-probes", "--db", db)
-    typer = cli("replay", str(tmp_path / "none.jsonl"), "--no-probes", f"--db={db}")
+    typer = cli_here("replay", str(tmp_path / "none.jsonl"), "--no-probes", f"--db={db}")
     assert missing.returncode == typer.returncode == 3 and missing.stderr == typer.stderr

@@ -1,7 +1,7 @@
 """A Hypothesis sweep over every command's options with hostile values (h41safe item 4).
 
-Each command runs through the real entry point in this process (`harness.cli`: the error mapping
-of cli/exits.py, stdout and stderr captured) with one option set to a drawn value: negative, zero,
+Each command runs through the real entry point in this process (`tierdiag_in_process`: the error
+mapping of cli/exits.py, stdout and stderr captured) with one option set to a drawn value: negative, zero,
 past int64, NaN, inf, empty, blank, Rich markup, terminal escapes and a bidi override, a newline,
 a lone surrogate (a byte that was not UTF-8), a 3,000-character name, a folder, the store or the
 trace itself, /dev/full, or any short text with control characters. Whatever it is, the command
@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
-from harness import SMALL, cli, good_lines, write_trace  # noqa: E402
+from harness import SMALL, good_lines, tierdiag_in_process, write_trace  # noqa: E402
 
 DOCUMENTED = {0, 2, 3, 4, 5, 6}
 LINE_BOUND = 660  # "tierdiag: " + an abbreviated line (400 + "...[N characters]..." + 160)
@@ -47,7 +47,7 @@ def place(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hostile")
     trace = write_trace(tmp / "t.jsonl", good_lines(6))
     db = tmp / "s.duckdb"
-    code, _, err = cli("replay", trace, "--db", db, *SMALL, "--run-name", "base")
+    code, _, err = tierdiag_in_process("replay", trace, "--db", db, *SMALL, "--run-name", "base")
     assert code == 0, err
     (tmp / "adir").mkdir()
     return tmp, trace, db
@@ -154,7 +154,7 @@ def test_every_option_of_every_command_takes_or_refuses_a_hostile_value(place, c
         assume(not (command == "runs" and option == "--delete" and value and
                     (base_id.startswith(value) or "base".startswith(value))))
         args = argv(base, option, value)
-        code, out, err = cli(command, *args)
+        code, out, err = tierdiag_in_process(command, *args)
         check(command, args, code, out, err)
         base_run_kept(db)
 
@@ -172,7 +172,7 @@ def test_a_name_too_long_for_the_file_system_is_exit_2_naming_the_option(place, 
     for option in options:
         if option in paths or (option.startswith("@") and os.sep in base[int(option[1:])]):
             args = argv(base, option, long_name)
-            code, out, err = cli(command, *args)
+            code, out, err = tierdiag_in_process(command, *args)
             check(command, args, code, out, err)
             assert code == 2 and "too long a file name" in err, (option, code, err)
             tried += 1
@@ -188,9 +188,9 @@ def test_an_empty_run_names_no_run_and_deletes_nothing(tmp_path, args):
     `--run ""` read it. Now exit 4, one line, the run kept."""
     trace = write_trace(tmp_path / "t.jsonl", good_lines(6))
     db = tmp_path / "s.duckdb"
-    code, _, err = cli("replay", trace, "--db", db, *SMALL, "--run-name", "base")
+    code, _, err = tierdiag_in_process("replay", trace, "--db", db, *SMALL, "--run-name", "base")
     assert code == 0, err
-    code, out, err = cli(*args, "--db", db)
+    code, out, err = tierdiag_in_process(*args, "--db", db)
     check(args[0], args, code, out, err)
     assert code == 4 and "an empty run names no run" in err, (code, err)
     base_run_kept(db)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -90,7 +92,34 @@ def test_a_recorded_replay_names_its_traces_digest_and_an_unrecorded_one_takes_n
     assert sha == hashlib.sha256(trace.read_bytes()).hexdigest()
 
 
-def test_the_replays_table_covers_a_replay_and_outputs_stay_the_same(tmp_path):
+@pytest.fixture(scope="module")
+def bytecode(tmp_path_factory) -> Path:
+    """A pycache prefix holding the .pyc files of what a recorded replay and its writer process
+    import (one replay written with bytecode on), without the dataclass tables that replay wrote
+    at its exit: the two tests below start from a copy each, so their processes read compiled
+    modules instead of compiling every module from source where bytecode is not written
+    (~1.4 s of CPU a replay and its writer). The tables, what the tests are about, start absent."""
+    folder = tmp_path_factory.mktemp("bytecode")
+    prefix = folder / "pycache"
+    env = _env(PYTHONPYCACHEPREFIX=str(prefix), TIERDIAG_WRITER="process")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    trace = write_late_trace(folder / "t.jsonl", num_requests=20)
+    r = subprocess.run([sys.executable, "-m", "tierdiag", "replay", str(trace), *map(str, REPLAY_ARGS), "--db",
+                        str(folder / "r.duckdb")], capture_output=True, text=True, timeout=300, env=env, cwd=folder)
+    assert r.returncode == 0, r.stderr
+    for table in prefix.glob("**/*.marshal"):
+        table.unlink()
+    assert list(prefix.glob("**/*.pyc"))
+    return prefix
+
+
+def _pycache_from(bytecode: Path, tmp_path: Path) -> Path:
+    prefix = tmp_path / "pycache"
+    shutil.copytree(bytecode, prefix)
+    return prefix
+
+
+def test_the_replays_table_covers_a_replay_and_outputs_stay_the_same(tmp_path, bytecode):
     """`python -m tierdiag.cli.dataclass_code` writes the replay's table beside the read
     commands'; a replay (recorded by the writer process and not, text and --json, each into a
     fresh store) then compiles no dataclass method of its own (the table is not written again),
@@ -99,7 +128,7 @@ def test_the_replays_table_covers_a_replay_and_outputs_stay_the_same(tmp_path):
     written.)"""
     from tierdiag.cli.dataclass_code import TABLES, load
 
-    prefix = tmp_path / "pycache"
+    prefix = _pycache_from(bytecode, tmp_path)
     base = _env(PYTHONPYCACHEPREFIX=str(prefix), TIERDIAG_WRITER="process")
     base.pop("PYTHONDONTWRITEBYTECODE", None)
     trace = write_late_trace(tmp_path / "t.jsonl", num_requests=30)
@@ -149,7 +178,7 @@ def test_the_replays_table_covers_a_replay_and_outputs_stay_the_same(tmp_path):
     assert writer_table.read_bytes() == writer_before
 
 
-def test_the_writer_process_learns_its_table_where_bytecode_is_written(tmp_path):
+def test_the_writer_process_learns_its_table_where_bytecode_is_written(tmp_path, bytecode):
     """A recorded replay's writer process (ended by os._exit, no atexit) writes the methods it
     compiled to its table once its close has run, where bytecode is written, and not where it is
     not (PYTHONDONTWRITEBYTECODE); the next writer compiles none of them again."""
@@ -162,7 +191,7 @@ def test_the_writer_process_learns_its_table_where_bytecode_is_written(tmp_path)
                             "--json", "--db", db], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
         assert r.returncode == 0, r.stderr
 
-    prefix = tmp_path / "pycache"
+    prefix = _pycache_from(bytecode, tmp_path)
     env = _env(PYTHONPYCACHEPREFIX=str(prefix), TIERDIAG_WRITER="process")
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     replay({**env, "PYTHONDONTWRITEBYTECODE": "1"}, "a.duckdb")

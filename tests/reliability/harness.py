@@ -7,10 +7,7 @@ traceback; `Result.fails` asserts all three and returns the line.
 from __future__ import annotations
 
 import contextlib
-import io
-import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,8 +15,8 @@ from pathlib import Path
 
 import duckdb
 
-from tests.support.cli import ENTRY, Result, cli_argv, cli_env, tierdiag  # noqa: F401 - the one CLI runner, for the tests here
-from tests.support.cli import tierdiag_in_process
+# The one CLI runner, for the tests here: `tierdiag` (a process), `tierdiag_in_process` (this one).
+from tests.support.cli import ENTRY, Result, cli_argv, cli_env, tierdiag, tierdiag_in_process  # noqa: F401
 from tests.support.traces import good_lines, line, write_trace  # noqa: F401 - the one trace writer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,34 +25,6 @@ SHARED_TRACES = REPO / ".." / "shared" / "traces"
 SMALL = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096")
 # Room for the synthetic traces' long requests (up to 30k tokens), so they are served, not rejected.
 ROOMY = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "65536")
-
-
-def cli(*args: object) -> tuple[int, str, str]:
-    """`tierdiag ARGS` in this process: (exit code, stdout, stderr). The real entry point
-    (`tierdiag.cli.exits.run`, which maps errors to exit codes and one stderr line) with its
-    stdout and stderr captured and the signal handlers it installs put back: for tests of what
-    the command says and does to the store, where starting a process (~1 s of CPU) is not what
-    is tested. Each exit path keeps a subprocess case of its own (`tierdiag`)."""
-    from tierdiag import signals
-    from tierdiag.cli.exits import run as run_entry
-    from tierdiag.cli.main import _build_app
-
-    out, err = io.StringIO(), io.StringIO()
-    argv, handlers = sys.argv, {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    sys.argv = ["tierdiag", *map(str, args)]
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                run_entry(_build_app)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = argv
-        for s, h in handlers.items():
-            signal.signal(s, h)
-        signals.reset()
-    return code, out.getvalue(), err.getvalue()
 
 
 def real_trace_head(path: Path, n: int, *, fallback: int) -> Path:
@@ -67,11 +36,6 @@ def real_trace_head(path: Path, n: int, *, fallback: int) -> Path:
         return write_trace(path, good_lines(fallback))
     with real.open() as f:
         return write_trace(path, [next(f).rstrip("\n") for _ in range(n)])
-
-
-def tierdiag_here(*args: object) -> Result:
-    """`cli` as a `Result` (`.fails`, `.json`), like `tierdiag`'s but without the process."""
-    return Result(*cli(*args))
 
 
 def sql(db: Path, query: str, params: list | None = None) -> list[tuple]:
@@ -122,8 +86,8 @@ def wait_for_recorded_rows(proc: subprocess.Popen, db: Path, *, runs_before: int
 def runs(db: Path, *, process: bool = True) -> list[dict]:
     """`runs --json`, each run as stored: without `default` (which run a command without --run
     reads is the store's newest user run: it moves to a later one, the earlier run unchanged).
-    `process=False`: the CLI in this process (`cli`), the same command and output."""
-    listed = (tierdiag if process else tierdiag_here)("runs", "--db", db, "--json").json()
+    `process=False`: the CLI in this process (`tierdiag_in_process`), the same command and output."""
+    listed = (tierdiag if process else tierdiag_in_process)("runs", "--db", db, "--json").json()
     for r in listed:
         r.pop("default", None)
     return listed

@@ -77,7 +77,7 @@ def test_a_time_scale_that_pushes_an_arrival_past_int64_names_the_line_and_keeps
     cfg = EngineConfig(model="tiny", gpu="cpu", device_tokens=4096, time_scale=4.0)
     with pytest.raises(TraceError, match="t.jsonl:3: timestamp .* times --time-scale 4") as exc:
         replay(trace, cfg, db=db, run_name="far", probes=True, skip_bad=False)
-    (run,) = runs(db)
+    (run,) = runs(db, process=False)
     assert run["status"] == "failed" and f"{run['num_requests']:,} request" in exc.value.one_line()
 
 
@@ -107,7 +107,7 @@ def test_a_trace_through_a_pipe_is_read_once(tmp_path):
     cat.stdout.close()
     cat.wait(timeout=60)
     assert proc.returncode == 0, proc.stderr
-    (run,) = runs(db)
+    (run,) = runs(db, process=False)
     assert run["status"] == "complete" and run["num_requests"] == 10
     assert run["trace_sha256"] == hashlib.sha256(trace.read_bytes()).hexdigest()
 

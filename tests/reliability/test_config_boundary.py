@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from harness import SMALL, good_lines, line, runs, tierdiag, tierdiag_here, tierdiag_in_process, write_trace
+from harness import SMALL, good_lines, line, runs, tierdiag, tierdiag_in_process, write_trace
 from tierdiag.config.engine import CONFIG_SCHEMA, RELEASE_OFFERS, EngineConfig, load_config
 from tierdiag.config.profile import CLOCK_PARAMS, PROFILE_FORMAT, load_profile, preset_clock, write_profile
 from tierdiag.errors import ConfigError, ExitCode
@@ -33,12 +33,12 @@ def _digest(path):
 
 def _refused(store, code, *args, fragments=(), process=False):
     """`replay` with `args` fails (one line, `code`) and the store is byte for byte as it was.
-    The CLI runs in this process (`harness.cli`: the real entry point, its exit code and stderr)
+    The CLI runs in this process (`tierdiag_in_process`: the real entry point, its exit code and stderr)
     unless `process`: what is tested is the refusal and the store, not the process, and a
     process a refusal cost ~1 s of CPU. Each exit code keeps subprocess cases (`process=True`)."""
     db, trace = store
     before, listed = _digest(db), runs(db, process=process)
-    err_line = (tierdiag if process else tierdiag_here)("replay", trace, "--db", db, *args).fails(code, *fragments)
+    err_line = (tierdiag if process else tierdiag_in_process)("replay", trace, "--db", db, *args).fails(code, *fragments)
     assert _digest(db) == before and runs(db, process=process) == listed  # no failed run, nothing changed
     return err_line
 
@@ -231,7 +231,7 @@ def test_profile_errors_from_either_source():
 def test_advise_host_memory_out_of_range_is_exit_2(store, value):
     db, _ = store
     before = _digest(db)
-    cmd = tierdiag if value == "99999999999T" else tierdiag_here  # one through a real process
+    cmd = tierdiag if value == "99999999999T" else tierdiag_in_process  # one through a real process
     cmd("advise", "--db", db, "--host-memory", value).fails(2, "--host-memory", repr(value))
     assert _digest(db) == before
 

@@ -5,8 +5,8 @@ stderr, no traceback, the documented exit code (docs/contract.md §7: 2 for what
 line says, 3 for what a file says), the file and key or the option named, and the store that
 existed before left byte for byte as it was (no failed run added).
 
-The CLI runs in this process (`harness.cli`: the real entry point, `tierdiag.cli.exits.run`, with
-its stdout and stderr captured), so a bounded number of examples costs a second or two each.
+The CLI runs in this process (`tierdiag_in_process`: the real entry point, `tierdiag.cli.exits.run`,
+with its stdout and stderr captured), so a bounded number of examples costs a second or two each.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import tomli_w
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
-from harness import SMALL, cli, good_lines, tierdiag_in_process, write_trace
+from harness import SMALL, good_lines, tierdiag_in_process, write_trace
 from tierdiag.config.engine import CONFIG_KEYS, CONFIG_SCHEMA, load_config
 from tierdiag.config.profile import CLOCK_PARAMS, PROFILE_FORMAT, load_profile, preset_clock
 from tierdiag.config.releases import switched_back_names
@@ -116,7 +116,7 @@ def test_a_refused_config_value_is_one_line_exit_3_and_the_store_unchanged(store
     except ConfigError:
         pass
     kept = Unchanged(db)
-    code, _, err = cli("replay", trace, "--db", db, "--config", cfg)
+    code, _, err = tierdiag_in_process("replay", trace, "--db", db, "--config", cfg)
     refused(code, err, 3, f"--config {cfg}: ", key)
     kept.check()
 
@@ -128,7 +128,7 @@ def test_a_refused_config_value_is_one_line_exit_3_and_the_store_unchanged(store
 def test_a_bad_numeric_option_is_one_line_exit_2_naming_it(store, option, text):
     db, trace, _ = store
     kept = Unchanged(db)
-    code, _, err = cli("replay", trace, "--db", db, *SMALL, f"{option}={text}")
+    code, _, err = tierdiag_in_process("replay", trace, "--db", db, *SMALL, f"{option}={text}")
     refused(code, err, 2, option)
     kept.check()
 
@@ -148,7 +148,7 @@ def test_a_bad_set_value_is_one_line_exit_2_before_any_replay(store, key, text):
     except ConfigError:
         pass
     kept = Unchanged(db)
-    code, _, err = cli("sweep", trace, "--db", db, "--set", f"{key}={text}")
+    code, _, err = tierdiag_in_process("sweep", trace, "--db", db, "--set", f"{key}={text}")
     refused(code, err, 2, "--set", key)
     kept.check()
 
@@ -158,7 +158,7 @@ def test_a_bad_set_value_is_one_line_exit_2_before_any_replay(store, key, text):
 def test_a_bad_host_memory_is_one_line_exit_2(store, text):
     db, _, _ = store
     kept = Unchanged(db)
-    code, _, err = cli("advise", "--db", db, f"--host-memory={text}")
+    code, _, err = tierdiag_in_process("advise", "--db", db, f"--host-memory={text}")
     refused(code, err, 2, "--host-memory")
     kept.check()
 
@@ -228,6 +228,6 @@ def test_a_refused_profile_is_one_line_exit_3_and_the_store_unchanged(store, kin
     except ConfigError:
         pass
     kept = Unchanged(db)
-    code, _, err = cli("replay", trace, "--db", db, "--device-tokens", "4096", "--profile", p)
+    code, _, err = tierdiag_in_process("replay", trace, "--db", db, "--device-tokens", "4096", "--profile", p)
     refused(code, err, 3, f"--profile {p}: ", key)
     kept.check()

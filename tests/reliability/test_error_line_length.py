@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tierdiag.report.text import LINE_MAX, WORD_MAX, abbreviated
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import SMALL, cli, good_lines, write_trace  # noqa: E402
+from harness import SMALL, good_lines, tierdiag_in_process, write_trace  # noqa: E402
 
 BOUND = 400 + 160 + len("...[999,999,999,999 characters]...")
 
@@ -37,10 +37,10 @@ def test_abbreviated_is_bounded_keeps_the_ends_and_leaves_short_lines_alone(line
 def test_cli_error_quoting_a_long_value_is_one_short_line(tmp_path):
     trace = write_trace(tmp_path / "t.jsonl", good_lines(4))
     db = tmp_path / "s.duckdb"
-    assert cli("replay", trace, "--db", db, *SMALL)[0] == 0
-    code, _, err = cli("explain", "r" * 5000, "--db", db)
+    assert tierdiag_in_process("replay", trace, "--db", db, *SMALL).code == 0
+    code, _, err = tierdiag_in_process("explain", "r" * 5000, "--db", db)
     assert code == 5 and err.count("\n") == 1 and len(err) < 700, err
     assert "no request 'rrrr" in err and "[4,862 characters]" in err and "tierdiag slow" in err
-    code, _, err = cli("replay", trace, "--db", tmp_path / "t2.duckdb", "--time-scale", "9" * 5000 + "x")
+    code, _, err = tierdiag_in_process("replay", trace, "--db", tmp_path / "t2.duckdb", "--time-scale", "9" * 5000 + "x")
     assert code == 2 and err.count("\n") == 1 and len(err) < 700, err
     assert "--time-scale" in err and "is not a number" in err

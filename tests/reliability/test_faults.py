@@ -34,7 +34,7 @@ def big_trace(tmp_path_factory) -> Path:
 def small_complete_run(tmp_path: Path, db: Path) -> dict:
     trace = write_trace(tmp_path / "small.jsonl", good_lines(12))
     assert tierdiag_in_process("replay", trace, "--db", db, *SMALL).code == 0
-    (run,) = runs(db)
+    (run,) = runs(db, process=False)
     assert run["status"] == "complete" and run["num_requests"] == 12
     return run
 
@@ -54,7 +54,7 @@ def test_interrupt_keeps_what_was_recorded(tmp_path, big_trace, sig, code):
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     line = Result(proc.returncode, "", err).fails(code, "interrupted", "as interrupted", str(db))
-    first, second = runs(db)
+    first, second = runs(db, process=False)
     assert first == earlier
     recorded = sql(db, "SELECT count(*) FROM requests WHERE run_id = ?", [second["run_id"]])[0][0]
     assert second["status"] == "interrupted"
@@ -72,7 +72,7 @@ def test_kill_9_leaves_a_readable_file_and_earlier_runs_intact(tmp_path, big_tra
     wait_for_recorded_rows(proc, db, runs_before=1)
     proc.kill()
     proc.wait(timeout=60)
-    first, dead = runs(db)
+    first, dead = runs(db)  # a reader's process, as a user would look after the crash
     assert first == earlier
     assert sql(db, "SELECT * FROM requests WHERE run_id = ? ORDER BY seq", [first["run_id"]]) == earlier_rows
     # The dead run is not shown as complete: its process is gone, so it reads interrupted.
@@ -83,7 +83,7 @@ def test_kill_9_leaves_a_readable_file_and_earlier_runs_intact(tmp_path, big_tra
     # And the file takes the next replay as usual.
     trace = write_trace(tmp_path / "next.jsonl", good_lines(3))
     assert tierdiag_in_process("replay", trace, "--db", db, *SMALL).code == 0
-    assert [r["status"] for r in runs(db)] == ["complete", "interrupted", "complete"]
+    assert [r["status"] for r in runs(db, process=False)] == ["complete", "interrupted", "complete"]
 
 
 @pytest.mark.shared
@@ -95,10 +95,12 @@ def test_readers_during_a_conversation_replay_succeed_or_say_busy(tmp_path):
     proc = start_replay(trace, db)  # the default engine: llama3-8b on h200
     wait_for_recorded_rows(proc, db, runs_before=0)
     outcomes = []
-    for args in [("runs",), ("summary",), ("slow", "--top", "3")] * 3:
+    # The first round a reader's process each, as a user beside the replay; then the same readers
+    # in this process (itself a process beside the replay's, taking the file's lock the same way).
+    for i, args in enumerate([("runs",), ("summary",), ("slow", "--top", "3")] * 3):
         if proc.poll() is not None:
             break
-        r = tierdiag(*args, "--db", db, "--json")
+        r = (tierdiag if i < 3 else tierdiag_in_process)(*args, "--db", db, "--json")
         if r.code == 0:
             outcomes.append("ok")
             assert r.json() is not None
@@ -108,7 +110,7 @@ def test_readers_during_a_conversation_replay_succeed_or_say_busy(tmp_path):
     assert "ok" in outcomes, outcomes
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
-    (run,) = runs(db)
+    (run,) = runs(db, process=False)
     # Stopped early (130, interrupted); or the Ctrl-C came once the final status was written, in
     # the close's last moments (130, complete: the line says the run was kept as complete, as
     # test_signals.check_outcome has it); or it had just finished (0, complete): never 'running'.
@@ -141,7 +143,7 @@ def test_a_flush_that_finds_the_file_busy_keeps_its_rows(tmp_path):
         w.append(_requests(8, 2))
     w.finish("complete", num_requests=10)
     assert sql(db, "SELECT count(*) FROM requests") == [(10,)]
-    assert runs(db)[0]["status"] == "complete"
+    assert runs(db, process=False)[0]["status"] == "complete"
 
 # A full disk mid-run and at the end: test_store_recovery.py (the counts it reports, too).
 
@@ -179,7 +181,7 @@ def test_a_signal_after_the_close_says_the_run_was_kept_complete(tmp_path, monke
         for s, h in previous.items():
             signal.signal(s, h)
         signals.reset()
-    (run,) = runs(db)
+    (run,) = runs(db, process=False)
     assert run["status"] == "complete" and run["num_requests"] == 40
     assert (exc.value.run_id, exc.value.db_path, exc.value.status) == (run["run_id"], str(db), "complete")
     assert exc.value.num_requests == 40 and exc.value.write_problem is None

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from pydantic import TypeAdapter, ValidationError
 
 from harness import SMALL, runs, tierdiag_in_process
-from test_config_boundary_props import Unchanged, _write_toml, cli, refused, store  # noqa: F401 - the fixture
+from test_config_boundary_props import Unchanged, _write_toml, refused, store  # noqa: F401 - the fixture
 from tierdiag.config.engine import EngineConfig, load_config
 from tierdiag.config.sweep_spec import plan_sweep
 from tierdiag.errors import ConfigError, ExitCode
@@ -66,7 +66,7 @@ def test_a_hostile_config_value_is_exit_3_naming_file_and_key(store, value):
     assert exc.value.exit_code == ExitCode.BAD_INPUT
     assert line.startswith(f"--config {cfg}: max_running_requests") and "\n" not in line, line
     kept = Unchanged(db)
-    code, _, err = cli("replay", trace, "--db", db, "--config", cfg)
+    code, _, err = tierdiag_in_process("replay", trace, "--db", db, "--config", cfg)
     refused(code, err, 3, f"--config {cfg}: ", "max_running_requests")
     kept.check()
 
@@ -90,13 +90,13 @@ def test_a_hostile_option_is_exit_2_naming_it(store, text):
         # In this process, as the refusals below: an example that replays pays no interpreter start.
         got = tierdiag_in_process("replay", trace, "--db", fresh, *SMALL, f"--max-running-requests={text}")
         if got.code == 0:
-            (run,) = runs(fresh)
+            (run,) = runs(fresh, process=False)
             assert 1 <= run["config"]["max_running_requests"] <= taken
             return
         refused(got.code, got.err, 2, "--max-running-requests")
         return
     kept = Unchanged(db)
-    code, _, err = cli("replay", trace, "--db", db, *SMALL, f"--max-running-requests={text}")
+    code, _, err = tierdiag_in_process("replay", trace, "--db", db, *SMALL, f"--max-running-requests={text}")
     line = refused(code, err, 2, "--max-running-requests")
     if text.strip() in ("0", "-5"):
         assert f"--max-running-requests {text.strip()} must be at least 1" in line, line
@@ -113,7 +113,7 @@ def test_a_hostile_set_value_is_exit_2_before_any_replay(store, text):
     except ConfigError as exc:
         assert exc.exit_code == ExitCode.USAGE and "max_running_requests" in exc.one_line()
     kept = Unchanged(db)
-    code, _, err = cli("sweep", trace, "--db", db, "--set", f"max_running_requests={text}")
+    code, _, err = tierdiag_in_process("sweep", trace, "--db", db, "--set", f"max_running_requests={text}")
     refused(code, err, 2, "--set", "max_running_requests")
     kept.check()
 
@@ -126,7 +126,7 @@ def test_a_cap_is_recorded_and_one_above_half_the_pool_warned(store, tmp_path):
     got = tierdiag_in_process("replay", trace, "--db", db, *SMALL, "--max-running-requests", "1000000")
     assert got.code == 0, got.err
     assert "--max-running-requests 1,000,000 is reduced to 2,048" in got.err
-    (run,) = runs(db)
+    (run,) = runs(db, process=False)
     assert run["config"]["max_running_requests"] == 2048
     plan = plan_sweep(EngineConfig(model="tiny", gpu="cpu", device_tokens=4096), ["max_running_requests=1,8"])
     assert [c.resolved_max_running_requests() for _, c in plan.configs] == [1, 8]

@@ -13,8 +13,8 @@ import functools
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tests.reliability.harness import ROOMY, WRITERS, disk_full_once_at, on_request_flush, sql, tierdiag_here
-from tests.support.cli import tierdiag_in_process
+from tests.reliability.harness import ROOMY, WRITERS, disk_full_once_at, on_request_flush, sql
+from tests.support.cli import cli_env, tierdiag_in_process
 from tierdiag.errors import TierdiagError
 from tierdiag.store.schema import TABLES
 
@@ -54,7 +54,9 @@ def test_a_replay_whose_first_write_fails_once_records_the_same_either_way(tmp_p
             (tmp_path / "flushes.count").unlink(missing_ok=True)
             on_request_flush(mp, functools.partial(disk_full_once_at, 1), writer=writer, tmp_path=tmp_path,
                              table=None)
-            r = tierdiag_here("replay", trace, "--db", db, *ROOMY)
+            # The settings just made, for the CLI in this process (which starts from `cli_env`).
+            r = tierdiag_in_process("replay", trace, "--db", db, *ROOMY,
+                                    env=cli_env(TIERDIAG_WRITER=writer, TIERDIAG_FLUSH_EVERY_S="0"))
         line = r.fails(6, "no space left")
         run_id, = sql(db, "SELECT run_id FROM runs ORDER BY created_at DESC LIMIT 1")[0]
         stored = _stored(db, run_id)

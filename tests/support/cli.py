@@ -6,6 +6,8 @@ entry point's error handling in the test's process: no interpreter start, ~0.45 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import json
 import os
@@ -62,6 +64,10 @@ class Result:
         assert self.code == 0, self.err
         return json.loads(self.out)
 
+    def __iter__(self):
+        """`code, out, err = tierdiag_in_process(...)`."""
+        return iter((self.code, self.out, self.err))
+
 
 def tierdiag(*args: object, env: dict[str, str] | None = None, timeout: float = 300,
              cwd: Path | None = None) -> Result:
@@ -85,12 +91,14 @@ def one_line_error(got_code: int, err: str, code: int, *fragments: str) -> str:
 
 def invoke(*args: object) -> str:
     """The CLI in this process (Typer's runner), for tests that replay and read many times where
-    a process each would cost seconds: exit 0 asserted, stdout returned."""
+    a process each would cost seconds: exit 0 asserted, stdout returned. Its click commands
+    built once for the test process, as `tierdiag_in_process`'s."""
     from typer.testing import CliRunner
 
     from tierdiag.cli.main import app
 
-    result = CliRunner().invoke(app, [str(a) for a in args])
+    with _commands_built_once():
+        result = CliRunner().invoke(app, [str(a) for a in args])
     assert result.exit_code == 0, (result.output, result.exception)
     return result.output
 
@@ -111,7 +119,8 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
     after it: sys.argv, the environment (`env`, default `cli_env()`: what the CLI starts gets it), the
     working folder, stdout and stderr (UTF-8 text streams over bytes, not terminals, as a pipe
     is), the signal handlers and tierdiag's consoles (made afresh, so COLUMNS is read again).
-    Not for what only a process shows: signals, exit without teardown, what a command imports,
+    Each command's click command is built once for the test process (`_built_once`), as a
+    process builds it once. Not for what only a process shows: signals, exit without teardown, what a command imports,
     variables read at import, non-UTF-8 argv or streams.
 
     `direct`: the app the console script takes for this command line (cli/main.py
@@ -144,7 +153,8 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
         # /dev/null, so the interpreter's last flush cannot fail: here fd 1 is pytest's.
         exits._quiet_stdout = _no_stdout_to_quiet
         try:
-            exits.run(_direct_app if direct else _build_app)
+            with _commands_built_once():
+                exits.run(_direct_app if direct else _build_app)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         out.flush()
@@ -162,6 +172,39 @@ def tierdiag_in_process(*args: object, env: dict[str, str] | None = None, cwd: P
         exits._LEAVE_FAST[:] = leave_fast
         exits._quiet_stdout = quiet_stdout
     return Result(code, out.buffer.getvalue().decode("utf-8"), err.buffer.getvalue().decode("utf-8"))
+
+
+_BUILT: dict = {}
+
+
+@contextlib.contextmanager
+def _commands_built_once():
+    """cli/main.py `_command` answering from `_built_once` for the block, then put back."""
+    from tierdiag.cli import main
+
+    build = main._command
+    main._command = functools.partial(_built_once, build)
+    try:
+        yield
+    finally:
+        main._command = build
+
+
+def _built_once(build, name: str):
+    """cli/main.py `_command(name)` (`build`) for `tierdiag_in_process`: the click command of
+    `name` built once per command function (or group app) for this process, not at every call.
+    A process builds it once, at its start; here every call did (Typer's app makes its group
+    afresh at each call): ~20 ms of CPU a call, most of a refusal's. Keyed by the function
+    itself, so a command function replaced (a test's monkeypatch) is built again."""
+    import importlib
+
+    from tierdiag.cli import main
+
+    module, _ = main.COMMANDS[name]
+    key = (name, getattr(importlib.import_module(f"tierdiag.cli.{module}"), main.GROUP_APPS.get(name, name)))
+    if key not in _BUILT:
+        _BUILT[key] = build(name)
+    return _BUILT[key]
 
 
 def completed_in_process(*args: object, env: dict[str, str] | None = None, cwd: Path | None = None,
