@@ -73,7 +73,7 @@ HEAVIEST_FIRST = (
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # No piped progress lines from the CLI run in this process (CliRunner, harness.cli), as
+    # No piped progress lines from the CLI run in this process (CliRunner, tierdiag_in_process), as
     # tests/support/cli.py's cli_env has it for the CLI's processes: a command that ran past 10 s
     # on a loaded machine printed "tierdiag: advise: 0 of at most 2 replays, 10s elapsed" into the
     # output a test parsed as JSON (test_advise_cli failed so in a loaded suite run, session 23).
