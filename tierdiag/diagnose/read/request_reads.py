@@ -88,11 +88,24 @@ class RequestReads:
     def _read(self, con: duckdb.DuckDBPyConnection) -> None:
         try:
             for name, read in self._plan.items():
-                self._values[name] = read(con)
+                if name not in self._values:  # not given (`give`) before the thread came to it
+                    self._values[name] = read(con)
                 self._done[name].set()
         finally:  # a read that raised: every wait ends, and get() raises it
             for done in self._done.values():
                 done.set()
+
+    def give(self, name: str, value: Any) -> None:
+        """The answer of read `name`, known to the caller another way (explain: the run's
+        prefill-busy time from the stored run context, the same sum): the thread skips that read
+        if it has not begun it, and get(name) answers `value` (a read begun already answers the
+        same)."""
+        if name not in self._plan:
+            raise KeyError(name)
+        self._values.setdefault(name, value)
+        if self._job is None:
+            return
+        self._done[name].set()
 
     def get(self, name: str) -> Any:
         """One read's answer, once it is there (what the thread raised, raised here)."""
