@@ -298,6 +298,11 @@ def running_cap(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int | None
         config = json.loads(row[0]) if row and row[0] else {}
     except ValueError:
         return None, False
+    return running_cap_of(config)
+
+
+def running_cap_of(config: Any) -> tuple[int | None, bool]:
+    """`running_cap` of the run's config as parsed already (RunInfo.config: explain, ~1 ms less)."""
     cap = config.get("max_running_requests") if isinstance(config, dict) else None
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
         return None, False

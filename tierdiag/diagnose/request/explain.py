@@ -90,7 +90,7 @@ def _explain(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, row, rea
         reads.give("run_busy_ns", busy)
     bounds = totals.bounds
     finished = is_finished(row)
-    ctx = request_context(con, run.run_id, row, bounds[0], reads.get) if finished else None
+    ctx = request_context(con, run.run_id, row, bounds[0], reads.get, run.config) if finished else None
     attribution = queue_attribution(con, run.run_id, row) if finished else None
     vocab = run_vocabulary(run)  # the words of the SGLang release the run followed
     first = (step_host_hit(row, tokens, run, vocab), step_prefix(row, tokens, vocab),
