@@ -11,10 +11,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.read import request_context as read_req
 from tierdiag.diagnose.read import request_steps as read_steps
-from tierdiag.diagnose.read.request_reads import RequestReads, asks_queue_depth, has_previous_turn, shadowed
+from tierdiag.diagnose.read.request_reads import (RequestReads, asks_queue_depth, has_previous_turn, shadowed,
+                                                  transfer_bounds)
 from tierdiag.diagnose.read.rows import fetch_dicts
 from tierdiag.diagnose.request.explain_steps import is_finished
-from tierdiag.store.reader import open_store, resolve_run
+from tierdiag.store.reader import open_store, resolve_run, views_shown
 
 
 @pytest.fixture
@@ -98,20 +99,55 @@ def test_a_read_that_raises_says_so_where_it_is_asked_for(tmp_path, planted):
         con.close()
 
 
-def test_a_shadowed_store_reads_on_the_callers_thread(store):
+def test_a_shadowed_store_reads_on_the_callers_thread(planted):
     """A connection with temporary views (an older schema's tables shadowed: store/reader.py) is
-    read on the caller's thread, where the views are; the answers are the same."""
-    con, run, rows = store
-    row = rows[0]
-    con.execute("CREATE TEMP VIEW shadow_probe AS SELECT 1 AS x")
+    read on the caller's thread, where the views are; the answers are the same. One open_store did
+    not open is asked of DuckDB."""
+    con = duckdb.connect(str(planted.path), read_only=True)
     try:
+        run = resolve_run(con, None)
+        row = queries.request(con, run, "recomp")
+        assert views_shown(con) is None and not shadowed(con)
+        con.execute("CREATE TEMP VIEW shadow_probe AS SELECT 1 AS x")
         assert shadowed(con)
         reads = RequestReads(con, run, row, is_finished(row))
         assert reads.get("evictions") == read_steps.request_evictions(con, run.run_id, row.req_id)
         assert reads.get("run_busy_ns") == read_steps.run_prefill_busy_ns(con, run.run_id)
         reads.close()
     finally:
-        con.execute("DROP VIEW shadow_probe")
+        con.close()
+
+
+def test_open_store_says_whether_it_read_an_older_schema_through_views(tmp_path, planted):
+    """open_store's word (no duckdb_views() query per explain): False for the current schema, even
+    with a view made since; True for a v2 store, whose reads then run on the caller's thread and
+    answer as the queries do."""
+    import shutil
+
+    from tierdiag.store.schema import columns_missing_in
+
+    with open_store(planted.path) as con:
+        assert views_shown(con) is False
+        con.execute("CREATE TEMP VIEW shadow_probe AS SELECT 1 AS x")
+        assert not shadowed(con)
+    older = tmp_path / "v2.duckdb"
+    shutil.copy(planted.path, older)
+    with duckdb.connect(str(older)) as rw:  # as tierdiag wrote it before v3
+        for table, cols in columns_missing_in(2).items():
+            for col in cols:
+                rw.execute(f"ALTER TABLE {table} DROP COLUMN {col}")
+        rw.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    with open_store(older) as con:
+        assert views_shown(con) is True and shadowed(con)
+        run = resolve_run(con, None)
+        row = queries.request(con, run, "recomp")
+        reads = RequestReads(con, run, row, is_finished(row))
+        try:
+            assert reads.get("evictions") == read_steps.request_evictions(con, run.run_id, "recomp")
+            assert reads.get("transfers") == read_steps.request_transfers(con, run.run_id, "recomp", *transfer_bounds(row))
+            assert reads.get("run_busy_ns") == read_steps.run_prefill_busy_ns(con, run.run_id)
+        finally:
+            reads.close()
 
 
 def test_a_read_given_is_not_made(tmp_path, planted):

@@ -31,6 +31,7 @@ from tierdiag.diagnose.read.request_context import queue_depth_at_arrival
 from tierdiag.diagnose.read.request_steps import request_evictions, request_transfers, run_prefill_busy_ns
 from tierdiag.diagnose.read.requests import RequestRow
 from tierdiag.diagnose.read.rows import second_cursor
+from tierdiag.store.reader import views_shown
 from tierdiag.threads import OnThread
 
 
@@ -51,7 +52,11 @@ def asks_queue_depth(row: RequestRow, finished: bool) -> bool:
 
 def shadowed(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether `con` has temporary views: a store of an older schema read as the current one
-    (store/reader.py `show_added_columns`: its tables shadowed, on this connection only)."""
+    (store/reader.py `show_added_columns`: its tables shadowed, on this connection only). Where
+    open_store opened it, it says (`views_shown`); DuckDB is asked for any other connection."""
+    known = views_shown(con)
+    if known is not None:
+        return known
     return bool(con.execute("SELECT count(*) FROM duckdb_views() WHERE temporary AND NOT internal").fetchall()[0][0])
 
 
