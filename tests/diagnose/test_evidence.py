@@ -287,7 +287,7 @@ STORED_FIELDS = {
     "RunContext": ["run_id", "span_ns", "num_finished", "prefill_busy_share", "prefill_compute_ns", "recompute_ns",
                    "recompute_share_of_prefill", "ttft_total_ns", "queue_total_ns", "queue_share_of_ttft",
                    "excess_total_ns", "queue_attribution", "losses", "transfers", "config", "kv_bytes_per_token",
-                   "ttft_p50_ns", "ttft_p99_ns", "story", "capacity", "routing"],
+                   "ttft_p50_ns", "ttft_p99_ns", "story", "capacity", "routing", "prefill_busy_ns"],
     "RoutingLoss": ["num_ranks", "router", "routed_requests", "routing_tokens", "recomputed_tokens",
                         "input_tokens", "routing_ns", "routing_cost_ns", "branch_tokens", "session_tokens",
                         "best_share_tokens", "miss_best_share_tokens"],

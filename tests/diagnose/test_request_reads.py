@@ -11,10 +11,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tierdiag.diagnose.read import queries
 from tierdiag.diagnose.read import request_context as read_req
 from tierdiag.diagnose.read import request_steps as read_steps
-from tierdiag.diagnose.read.request_reads import RequestReads, asks_queue_depth, has_previous_turn, shadowed
+from tierdiag.diagnose.read.request_reads import (RequestReads, asks_queue_depth, has_previous_turn, shadowed,
+                                                  transfer_bounds)
 from tierdiag.diagnose.read.rows import fetch_dicts
 from tierdiag.diagnose.request.explain_steps import is_finished
-from tierdiag.store.reader import open_store, resolve_run
+from tierdiag.store.reader import open_store, resolve_run, views_shown
 
 
 @pytest.fixture
@@ -98,17 +99,123 @@ def test_a_read_that_raises_says_so_where_it_is_asked_for(tmp_path, planted):
         con.close()
 
 
-def test_a_shadowed_store_reads_on_the_callers_thread(store):
+def test_a_shadowed_store_reads_on_the_callers_thread(planted):
     """A connection with temporary views (an older schema's tables shadowed: store/reader.py) is
-    read on the caller's thread, where the views are; the answers are the same."""
-    con, run, rows = store
-    row = rows[0]
-    con.execute("CREATE TEMP VIEW shadow_probe AS SELECT 1 AS x")
+    read on the caller's thread, where the views are; the answers are the same. One open_store did
+    not open is asked of DuckDB."""
+    con = duckdb.connect(str(planted.path), read_only=True)
     try:
+        run = resolve_run(con, None)
+        row = queries.request(con, run, "recomp")
+        assert views_shown(con) is None and not shadowed(con)
+        con.execute("CREATE TEMP VIEW shadow_probe AS SELECT 1 AS x")
         assert shadowed(con)
         reads = RequestReads(con, run, row, is_finished(row))
         assert reads.get("evictions") == read_steps.request_evictions(con, run.run_id, row.req_id)
         assert reads.get("run_busy_ns") == read_steps.run_prefill_busy_ns(con, run.run_id)
         reads.close()
     finally:
-        con.execute("DROP VIEW shadow_probe")
+        con.close()
+
+
+def test_open_store_says_whether_it_read_an_older_schema_through_views(tmp_path, planted):
+    """open_store's word (no duckdb_views() query per explain): False for the current schema, even
+    with a view made since; True for a v2 store, whose reads then run on the caller's thread and
+    answer as the queries do."""
+    import shutil
+
+    from tierdiag.store.schema import columns_missing_in
+
+    with open_store(planted.path) as con:
+        assert views_shown(con) is False
+        con.execute("CREATE TEMP VIEW shadow_probe AS SELECT 1 AS x")
+        assert not shadowed(con)
+    older = tmp_path / "v2.duckdb"
+    shutil.copy(planted.path, older)
+    with duckdb.connect(str(older)) as rw:  # as tierdiag wrote it before v3
+        for table, cols in columns_missing_in(2).items():
+            for col in cols:
+                rw.execute(f"ALTER TABLE {table} DROP COLUMN {col}")
+        rw.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    with open_store(older) as con:
+        assert views_shown(con) is True and shadowed(con)
+        run = resolve_run(con, None)
+        row = queries.request(con, run, "recomp")
+        reads = RequestReads(con, run, row, is_finished(row))
+        try:
+            assert reads.get("evictions") == read_steps.request_evictions(con, run.run_id, "recomp")
+            assert reads.get("transfers") == read_steps.request_transfers(con, run.run_id, "recomp", *transfer_bounds(row))
+            assert reads.get("run_busy_ns") == read_steps.run_prefill_busy_ns(con, run.run_id)
+        finally:
+            reads.close()
+
+
+def test_a_read_given_is_not_made(tmp_path, planted):
+    """A read the caller gives (explain: the run's busy time from the stored run context) is
+    answered as given and never queried: on a store without batches, where the query raises."""
+    import shutil
+
+    copy = tmp_path / "nobatches.duckdb"
+    shutil.copy(planted.path, copy)
+    with duckdb.connect(str(copy)) as rw:
+        rw.execute("DROP TABLE batches")
+    con = duckdb.connect(str(copy), read_only=True)
+    try:
+        run = resolve_run(con, None)
+        row = queries.request(con, run, "recomp")
+        con.execute("CREATE TEMP VIEW shadow_probe AS SELECT 1 AS x")  # the caller's thread: deterministic
+        reads = RequestReads(con, run, row, is_finished(row))
+        reads.give("run_busy_ns", 12345)
+        assert reads.get("run_busy_ns") == 12345
+        assert reads.get("previous") == (queries.previous_turn(con, run, row) if has_previous_turn(row) else None)
+        with pytest.raises(KeyError):
+            reads.give("no such read", 1)
+        reads.close()
+    finally:
+        con.close()
+
+
+def test_a_read_given_on_the_thread_answers_the_same(store):
+    """Given while the thread runs (before, during or after it reads the same), get() answers it."""
+    con, run, rows = store
+    busy = read_steps.run_prefill_busy_ns(con, run.run_id)
+    for row in rows:
+        reads = RequestReads(con, run, row, is_finished(row))
+        try:
+            reads.give("run_busy_ns", busy)
+            assert reads.get("run_busy_ns") == busy
+            assert reads.get("evictions") == read_steps.request_evictions(con, run.run_id, row.req_id)
+        finally:
+            reads.close()
+
+
+_HOSTILE_BUSY = (st.none() | st.booleans() | st.integers(max_value=-1) | st.floats(allow_nan=True)
+                 | st.text(max_size=8) | st.lists(st.integers(), max_size=3)
+                 | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=_HOSTILE_BUSY)
+def test_a_hand_edited_stored_busy_time_is_not_used(planted, tmp_path_factory, value):
+    """The stored run context's prefill_busy_ns (what explain takes instead of summing the run's
+    batches) edited by hand to anything but a count of ns: explain sums the batches, as before, and
+    says what it says with the true one."""
+    import json
+    import shutil
+
+    from tierdiag.diagnose.request.explain import explain_request
+
+    def explained(path):
+        with open_store(path) as c:
+            r = resolve_run(c, None)
+            return [explain_request(c, r, i).to_json() for i in ("recomp", "tier")]
+
+    copy = tmp_path_factory.mktemp("edited") / "edited.duckdb"
+    shutil.copy(planted.path, copy)
+    with duckdb.connect(str(copy)) as rw:
+        (raw,) = rw.execute("SELECT evidence_json FROM run_evidence").fetchone()
+        sections = json.loads(raw)
+        assert type(sections["context"]["prefill_busy_ns"]) is int
+        sections["context"]["prefill_busy_ns"] = value
+        rw.execute("UPDATE run_evidence SET evidence_json = ?", [json.dumps(sections)])
+    assert explained(copy) == explained(planted.path)

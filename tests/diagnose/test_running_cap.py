@@ -91,7 +91,7 @@ def test_a_hostile_recorded_cap_reads_as_none_or_itself(cap, given_):
 
     import duckdb
 
-    from tierdiag.diagnose.read.run_context import running_cap
+    from tierdiag.diagnose.read.run_context import running_cap, running_cap_of
 
     con = duckdb.connect()
     con.execute("CREATE TABLE runs (run_id VARCHAR, config_json VARCHAR)")
@@ -100,6 +100,9 @@ def test_a_hostile_recorded_cap_reads_as_none_or_itself(cap, given_):
     got = running_cap(con, "r")
     ok = isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1
     assert got == ((cap, given_ is not None) if ok else (None, False))
+    # explain's: the config as RunInfo parsed it (the same JSON), not read again
+    assert running_cap_of(json.loads(json.dumps(config))) == got
+    assert running_cap_of([config]) == running_cap_of(None) == running_cap_of({}) == (None, False)
     con.execute("UPDATE runs SET config_json = ?", ["{not json"])
     assert running_cap(con, "r") == (None, False)
     assert running_cap(con, "missing") == (None, False)

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import time
+import weakref
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -210,16 +211,29 @@ def check_store(con: duckdb.DuckDBPyConnection, *, path_for_errors: str,
     return version
 
 
-def show_added_columns(con: duckdb.DuckDBPyConnection, version: int) -> None:
+# open_store's connections -> whether show_added_columns shadowed tables of theirs with views
+# (explain's second cursor would not see them: read/request_reads.py asks `views_shown`).
+_VIEWS_SHOWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def views_shown(con: duckdb.DuckDBPyConnection) -> bool | None:
+    """Whether `open_store` read `con`'s store through temporary views (an older schema's), None
+    for a connection it did not open (the caller asks DuckDB)."""
+    return _VIEWS_SHOWN.get(con)
+
+
+def show_added_columns(con: duckdb.DuckDBPyConnection, version: int) -> bool:
     """A store of an older schema read as the current one: each table that lacks columns added
-    since is shadowed by a temporary view (this connection only, nothing written) with them NULL."""
+    since is shadowed by a temporary view (this connection only, nothing written) with them NULL.
+    Whether it made any."""
     missing = columns_missing_in(version)
     if not missing:
-        return
+        return False
     db = con.execute("SELECT current_database()").fetchall()[0][0].replace('"', '""')
     for table, cols in missing.items():
         extra = ", ".join(f"NULL::{TABLES[table][c]} AS {c}" for c in cols)
         con.execute(f'CREATE TEMP VIEW {table} AS SELECT *, {extra} FROM "{db}".main.{table}')
+    return True
 
 
 def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
@@ -253,7 +267,7 @@ def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
         if unfinished_store(con, found):
             raise StoreError(f"{p} has no runs yet", hint="run `tierdiag replay TRACE --db FILE` into it")
         version = check_store(con, path_for_errors=str(p), found=found)
-        show_added_columns(con, version)
+        _VIEWS_SHOWN[con] = show_added_columns(con, version)
     except duckdb.Error as exc:
         con.close()
         damaged = damage_error(p, exc)

@@ -31,6 +31,7 @@ from tierdiag.diagnose.read.request_context import queue_depth_at_arrival
 from tierdiag.diagnose.read.request_steps import request_evictions, request_transfers, run_prefill_busy_ns
 from tierdiag.diagnose.read.requests import RequestRow
 from tierdiag.diagnose.read.rows import second_cursor
+from tierdiag.store.reader import views_shown
 from tierdiag.threads import OnThread
 
 
@@ -51,7 +52,11 @@ def asks_queue_depth(row: RequestRow, finished: bool) -> bool:
 
 def shadowed(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether `con` has temporary views: a store of an older schema read as the current one
-    (store/reader.py `show_added_columns`: its tables shadowed, on this connection only)."""
+    (store/reader.py `show_added_columns`: its tables shadowed, on this connection only). Where
+    open_store opened it, it says (`views_shown`); DuckDB is asked for any other connection."""
+    known = views_shown(con)
+    if known is not None:
+        return known
     return bool(con.execute("SELECT count(*) FROM duckdb_views() WHERE temporary AND NOT internal").fetchall()[0][0])
 
 
@@ -88,11 +93,24 @@ class RequestReads:
     def _read(self, con: duckdb.DuckDBPyConnection) -> None:
         try:
             for name, read in self._plan.items():
-                self._values[name] = read(con)
+                if name not in self._values:  # not given (`give`) before the thread came to it
+                    self._values[name] = read(con)
                 self._done[name].set()
         finally:  # a read that raised: every wait ends, and get() raises it
             for done in self._done.values():
                 done.set()
+
+    def give(self, name: str, value: Any) -> None:
+        """The answer of read `name`, known to the caller another way (explain: the run's
+        prefill-busy time from the stored run context, the same sum): the thread skips that read
+        if it has not begun it, and get(name) answers `value` (a read begun already answers the
+        same)."""
+        if name not in self._plan:
+            raise KeyError(name)
+        self._values.setdefault(name, value)
+        if self._job is None:
+            return
+        self._done[name].set()
 
     def get(self, name: str) -> Any:
         """One read's answer, once it is there (what the thread raised, raised here)."""

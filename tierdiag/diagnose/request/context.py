@@ -44,7 +44,7 @@ import duckdb
 from tierdiag.config.names import values
 from tierdiag.diagnose.read.query import dataclass_json
 from tierdiag.diagnose.read import request_context as read_req
-from tierdiag.diagnose.read.run_context import batch_recompute_sql, running_cap
+from tierdiag.diagnose.read.run_context import batch_recompute_sql, running_cap, running_cap_of
 from tierdiag.diagnose.request.running import at_cap_ns
 from tierdiag.units import NS_PER_S, ns_to_ms, share
 from tierdiag.diagnose.read.requests import RequestRow, RowLike
@@ -127,9 +127,10 @@ def _rank(row: RequestRow) -> int:
 
 
 def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike, run_start_ns: int,
-                    read: Callable[[str], Any] | None = None) -> RequestContext:
+                    read: Callable[[str], Any] | None = None, config: dict | None = None) -> RequestContext:
     """`read`: the request's reads (read/request_reads.py `RequestReads.get`) where the caller has
-    started them (explain): the queue at its arrival is taken from them; None: read here."""
+    started them (explain): the queue at its arrival is taken from them; None: read here.
+    `config`: the run's config as RunInfo parsed it, where the caller has it; None: read here."""
     row = RequestRow.of(row)
     arrival = int(row.arrival_ns or 0)
     end = int(row.first_token_ns) if row.first_token_ns is not None else arrival
@@ -148,7 +149,7 @@ def request_context(con: duckdb.DuckDBPyConnection, run_id: str, row: RowLike, r
         # line can arrive first, an earlier one (a session's next turn) later (issue 40).
         depth = read_req.queue_depth_at_arrival(con, run_id, row.req_id, arrival, int(row.seq), _rank(row))
     span = end - start
-    cap, given = running_cap(con, run_id)
+    cap, given = running_cap(con, run_id) if config is None else running_cap_of(config)
     at_cap = 0
     queue = int(row.queue_ns or 0)
     if cap is not None and queue > 0 and row.first_token_ns is not None:

@@ -85,9 +85,12 @@ def _explain(con: duckdb.DuckDBPyConnection, run: RunInfo, req_id: str, row, rea
     totals = facts.totals()
     if run_ctx is None:
         run_ctx = facts.context(attribution=False)
+    busy = run_ctx.prefill_busy_ns  # the run's busy time, summed at its close: no scan of its batches
+    if type(busy) is int and busy >= 0:  # else (a hand-edited row) the batches are summed, as before
+        reads.give("run_busy_ns", busy)
     bounds = totals.bounds
     finished = is_finished(row)
-    ctx = request_context(con, run.run_id, row, bounds[0], reads.get) if finished else None
+    ctx = request_context(con, run.run_id, row, bounds[0], reads.get, run.config) if finished else None
     attribution = queue_attribution(con, run.run_id, row) if finished else None
     vocab = run_vocabulary(run)  # the words of the SGLang release the run followed
     first = (step_host_hit(row, tokens, run, vocab), step_prefix(row, tokens, vocab),

@@ -119,9 +119,15 @@ class RunContext:
     capacity: Capacity | None = None
     # A data-parallel run's routing losses (routing_loss.py); None with one rank.
     routing: RoutingLoss | None = None
+    # The run's batches' durations summed (`prefill_busy_share`'s numerator, exactly): explain's
+    # run-wide eviction rate per busy ns (read/request_steps.py `run_prefill_busy_ns`, the same sum),
+    # which it read with a scan of every batch per request (~25 ms of CPU on a 1M-request run,
+    # issue 41). Not part of the JSON view (it says the share).
+    prefill_busy_ns: int | None = None
 
     def to_json(self) -> dict:
         d = dataclass_json(self)
+        del d["prefill_busy_ns"]
         d["queue_attribution_ms"] = ({k: ns_to_ms(v) for k, v in self.queue_attribution.items()}
                                      if self.queue_attribution else None)
         del d["queue_attribution"]
@@ -397,4 +403,4 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         ttft_p50_ns=t.ttft_p50_ns, ttft_p99_ns=t.ttft_p99_ns,
         story=(run_story(con, rid, rec) if story is None else story()) if attribution and busy else None,
         capacity=run_capacity(con, rid, ranks),
-        routing=routing_loss(con, run))
+        routing=routing_loss(con, run), prefill_busy_ns=busy)
