@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import content, decode, deployment, miss, pagemap, rows, storage, tree
+from tierdiag.engine import content, decode, deployment, miss, pagemap, rows, schedule_common, storage, tree
 from tierdiag.engine.routing import router_tree
 from tierdiag.native import cplane
 from tierdiag.engine.content import page_content_np
@@ -80,6 +80,7 @@ def test_every_pair_takes_the_side_the_facade_chose():
         "pages.block_page_keys": pages.block_page_keys,
         "pages.extend_output_keys": pages.extend_output_keys, "pages.keys_list": pages.keys_list,
         "pages.append_output_keys": pages.append_output_keys,
+        "decode.append_output_keys": schedule_common.append_output_keys,
         "storage.index": storage.new_index,
         "recorder.row_buffer": recorder.new_row_buffer,
         "recorder.tick": recorder.new_ticker,

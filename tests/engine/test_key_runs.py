@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import miss, tree
+from tierdiag.engine import miss, schedule_common, tree
 from tierdiag.engine.tree_node import key_list, key_run
 from tierdiag.native import cplane
 from tierdiag.trace import pages
@@ -234,7 +234,8 @@ def test_output_keys_appended_alone_are_the_extended_ones(data, req_id, base, as
     keys = [base - k if base else k for k in range(n_in)]
     ref = list(keys)
     arr = np.array(keys, dtype=np.int64)
-    got_c, got_py = (array("q", keys), array("q", keys)) if as_run else (list(keys), list(keys))
+    got_c, got_py, got_engine = ((array("q", keys), array("q", keys), array("q", keys)) if as_run
+                                 else (list(keys), list(keys), list(keys)))
     for _ in range(data.draw(st.integers(1, 3))):
         total = len(ref) + data.draw(st.integers(-2, 40))
         if total < len(ref):
@@ -242,7 +243,9 @@ def test_output_keys_appended_alone_are_the_extended_ones(data, req_id, base, as
         arr = pages.extend_output_keys_numpy(req_id, ref, arr, n_in, total)
         assert pages.append_output_keys_c(req_id, got_c, n_in, total) is None
         assert pages.append_output_keys_py(req_id, got_py, n_in, total) is None
-        assert list(got_c) == list(got_py) == ref == arr.tolist()
+        # the engine's own (schedule_common, a finish's: the two C calls from compiled code)
+        assert schedule_common.append_output_keys_c(req_id, got_engine, n_in, total) is None
+        assert list(got_c) == list(got_py) == list(got_engine) == ref == arr.tolist()
         assert all(k < 0 for k in ref[n_in:])  # output pages: negative, never an input key
 
 
@@ -309,3 +312,23 @@ def test_the_arrivals_page_keys_are_page_keys_array_and_its_run(hash_ids, per_bl
     assert type(run) is array and run.typecode == "q" and run.tolist() == want.tolist()
     run.append(-1)
     assert keys_np.tolist() == want.tolist()
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(req_id=st.text(max_size=20), keys=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=8),
+       n_in=st.integers(-3, 12), total=st.integers(-3, 60), as_run=st.booleans())
+def test_the_engines_output_keys_agree_with_the_reference_on_hostile_values(req_id, keys, n_in, total, as_run):
+    """schedule_common.append_output_keys_c (a finish's output keys: two C calls from the compiled
+    engine) against trace.pages.append_output_keys_py on any request id (lone surrogates, NULs),
+    any int64 keys (an input key of either sign), n_in outside [0, len(keys)], totals below what
+    the keys hold: the same keys after, or the same error with the keys left alone."""
+    def outcome(fn):
+        got = array("q", keys) if as_run else list(keys)
+        try:
+            fn(req_id, got, n_in, total)
+        except Exception as exc:  # noqa: BLE001 - the error's type is what is compared
+            return type(exc).__name__, list(got)
+        return None, list(got)
+
+    assert outcome(schedule_common.append_output_keys_c) == outcome(pages.append_output_keys_py)

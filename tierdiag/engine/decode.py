@@ -13,9 +13,10 @@ from mypy_extensions import trait
 
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.request import FIRST_PASS_FIELDS, Req
-from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY,
-                                             RETRACT_DECODE_STEPS, SchedulerState)
-from tierdiag.trace.pages import append_output_keys, extend_output_keys
+from tierdiag.engine.schedule_common import (_APPEND_C, CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN_NEW_TOKEN_RATIO,
+                                             NEW_TOKEN_RATIO_DECAY, RETRACT_DECODE_STEPS, SchedulerState,
+                                             append_output_keys_c)
+from tierdiag.trace.pages import append_output_keys_py, extend_output_keys
 from tierdiag.engine.tree_node import empty_run
 from tierdiag.native import cplane
 
@@ -470,7 +471,10 @@ class DecodeSteps(SchedulerState):
             # The keys alone: `keys_np` (the prefill's writes, the arrival's blame) is read by no
             # one after the finish, so it is not made again with them (a copy of every key and an
             # allocation a finish, ~2 % of Engine.run; issue 41, session 24) but let go below.
-            append_output_keys(req.req_id, req.keys, n_in, n_full)
+            if _APPEND_C:
+                append_output_keys_c(req.req_id, req.keys, n_in, n_full)
+            else:
+                append_output_keys_py(req.req_id, req.keys, n_in, n_full)
         req.keys_np = None
         self._insert(req, n_full, now, chunk=False)
         if self.rules.finish_reinserts_prompt and 0 < n_in < n_full:

@@ -44,6 +44,10 @@ SMALL_CALL = 24
 
 GROW_SHIFT = 3  # the array grows to its top key and an eighth more (_grow)
 GROW_SHIFT_MANY = 1  # ... and half more, a map of one of several ranks' (CacheController)
+# Below this many slots (32 MiB of int32: glibc's largest mmap threshold) the array grows at
+# least to twice its length (_grow): glibc keeps a chunk that small on the heap, where realloc
+# copies it, so each grow was a copy of the whole array.
+DOUBLE_SLOTS = 1 << 23
 
 
 class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
@@ -87,16 +91,21 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         return min(DENSE_LIMIT, 8 * len(self._dense) + (1 << 20))
 
     def _grow(self, top: int) -> None:
-        """Room up to key `top` and an eighth more (in whole 4096-slot pages), not the next power
-        of two: a hash_ids trace's keys climb steadily, so the array is grown often either way
-        (realloc moves a large one by remapping its pages, not copying them), and doubling left
-        up to half of it unused (a 1M-request synth run: 22.5M keys in 33.5M slots, 134 MB a map,
-        against ~101 MB; issue 41). Which keys the array holds, and so every answer, is the same.
+        """Room up to key `top` and an eighth more (in whole 4096-slot pages), and, while the
+        array is under DOUBLE_SLOTS, at least twice its length. Above DOUBLE_SLOTS glibc's realloc
+        moves the (mmapped) array by remapping its pages, not copying them, so the eighth: a
+        doubling there left up to half of it unused (a 1M-request synth run: 22.5M keys in 33.5M
+        slots, 134 MB a map, against ~101 MB; issue 41). Below it the array is on the heap and a
+        grow is a copy of all of it: the conversation trace's maps grew by an eighth ~50 times
+        each in its first 3,000 requests, copies of ~7 times the final array (issue 41, session
+        30); doubling copies less than the final array in all, and leaves at most 32 MiB a map
+        unused. Which keys the array holds, and so every answer, is the same.
         A map of one of several ranks grows by half (`grow_shift` 1): every rank's maps climb the
         same keys, each grow a copy of its array (realloc) and a fill, and 16 maps grown by an
         eighth were ~560 grows and ~0.1 s of a --dp 8 conversation replay (issue 41), against
-        ~10 a map by half; a map holds at most half again its top key."""
-        size = ((top + (top >> self._grow_shift)) | 4095) + 1
+        ~10 a map by half; a map holds at most twice its top key below DOUBLE_SLOTS, half again
+        above."""
+        size = max(((top + (top >> self._grow_shift)) | 4095) + 1, min(2 * len(self._dense), DOUBLE_SLOTS))
         del self._np  # an array exporting its buffer cannot be resized
         self._dense.extend(array("i", [MISSING]) * (size - len(self._dense)))
         self._np = np.frombuffer(self._dense, dtype=np.int32)

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, Callable, Final
 from mypy_extensions import trait
 
 from tierdiag.config.names import WritePolicy
+from tierdiag.native import cplane
+from tierdiag.trace.pages import append_output_keys_py
 # EngineError lives in tierdiag/errors.py, outside the compiled modules, and is imported from
 # here as before: defined here, over TierdiagError (Any to mypyc: imports outside the compiled
 # modules are not followed), mypyc built it as a native class laid out as a bare object (basicsize
@@ -180,3 +182,26 @@ class SchedulerState:
 
     def _reject(self, req: Req, reason: str, *, ends_session: bool = True) -> None:
         raise NotImplementedError  # scheduler.py
+
+
+_output_seed_native: Final = cplane.compiled("output_seed")
+_output_keys_native: Final = cplane.compiled("output_keys")
+
+
+def append_output_keys_c(req_id: str, keys: Any, n_in: int, n_total: int) -> None:
+    """trace.pages.append_output_keys_c (a finish's output keys appended to `keys`) as a native
+    function of the compiled engine: the seed's blake2b (_cplane.output_seed) and the keys
+    (_cplane.output_keys handed None for keys_np) are two C calls from here, where the pages
+    module's interpreted wrapper and its `_seed_c` were two Python frames a finish (~20.9 M of
+    Scheduler.run's 929 M instructions on conversation[:3000], ~7.8k a finish with output
+    pages; issue 41, session 30). What either C declines (-1), having changed nothing, takes
+    the Python reference (trace.pages.append_output_keys_py), as there."""
+    if 0 <= n_in <= len(keys):
+        seed: Any = _output_seed_native(req_id, keys[n_in - 1] if n_in else 0)
+        if seed != -1 and _output_keys_native(keys, None, seed, len(keys) - n_in, n_total - n_in) is None:
+            return
+    append_output_keys_py(req_id, keys, n_in, n_total)
+
+
+append_output_keys = cplane.choose("decode.append_output_keys", append_output_keys_c, append_output_keys_py)
+_APPEND_C: Final = append_output_keys is append_output_keys_c  # (called by name below: a native call, compiled)
