@@ -81,7 +81,7 @@ try:  # the writer process's vacuum policy where the code has it (session 30), e
     from tierdiag.store.writer_serve import vacuum_due
 except ImportError:
     vacuum_due = None
-since_writes, since_rows = 0, {}
+since_writes, since_rows, taken_rows = 0, {}, {}
 for i in range(k):
     src = {t: ipc.open_file(pa.memory_map(f"{work}/w{i}.{t}.arrow")).read_all() for t in tables}
     big = max(len(tb) for tb in src.values())
@@ -95,11 +95,12 @@ for i in range(k):
         w.take(h)
     for t, tb in src.items():
         since_rows[t] = since_rows.get(t, 0) + len(tb)
+        taken_rows[t] = taken_rows.get(t, 0) + len(tb)
     since_writes += 1
     if vacuum_due is None:
         vac = (i + 1) % vacuum_every == 0
     else:
-        vac = vacuum_due(since_writes, max(since_rows.values(), default=0))
+        vac = vacuum_due(since_writes, max(since_rows.values(), default=0), max(taken_rows.values(), default=0))
     if vac:
         since_writes, since_rows = 0, {}
     del src, h, s

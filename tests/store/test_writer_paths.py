@@ -680,9 +680,9 @@ def test_the_writer_process_writes_sooner_at_first_then_at_its_interval():
         serve.write()
         seen.append(serve.every)
     assert Writer.writes == 6
-    # No rows taken: only every VACUUM_MOST_WRITES-th write would merge the row groups the others
-    # left (writer_serve.vacuum_due; tests/store/test_writer_vacuum.py).
-    assert Writer.vacuums == [(i + 1) % writer_process.VACUUM_MOST_WRITES == 0 for i in range(6)]
+    # Every VACUUM_EVERY-th write merges the row groups the others left (writer._vacuum), while no
+    # table of the run holds a row group (writer_serve.vacuum_due; tests/store/test_writer_vacuum.py).
+    assert Writer.vacuums == [(i + 1) % writer_process.VACUUM_EVERY == 0 for i in range(6)]
     first = writer_process.FIRST_WRITE_S
     assert seen[:3] == [first, 2 * first, 4 * first]
     assert seen[-1] == writer_process.WRITE_EVERY_S and max(seen) == writer_process.WRITE_EVERY_S
