@@ -77,6 +77,11 @@ def sample():
 
 threading.Thread(target=sample, daemon=True).start()
 out = []
+try:  # the writer process's vacuum policy where the code has it (session 30), else every vacuum_every-th
+    from tierdiag.store.writer_serve import vacuum_due
+except ImportError:
+    vacuum_due = None
+since_writes, since_rows, taken_rows = 0, {}, {}
 for i in range(k):
     src = {t: ipc.open_file(pa.memory_map(f"{work}/w{i}.{t}.arrow")).read_all() for t in tables}
     big = max(len(tb) for tb in src.values())
@@ -88,21 +93,31 @@ for i in range(k):
                 s = tb.slice(lo, hi - lo)
                 h[t] = {c: bytes_backed(s.column(c).combine_chunks()) for c in s.column_names}
         w.take(h)
+    for t, tb in src.items():
+        since_rows[t] = since_rows.get(t, 0) + len(tb)
+        taken_rows[t] = taken_rows.get(t, 0) + len(tb)
+    since_writes += 1
+    if vacuum_due is None:
+        vac = (i + 1) % vacuum_every == 0
+    else:
+        vac = vacuum_due(since_writes, max(since_rows.values(), default=0), max(taken_rows.values(), default=0))
+    if vac:
+        since_writes, since_rows = 0, {}
     del src, h, s
     pa.default_memory_pool().release_unused()
     time.sleep(0.2)
     before = anon()
     peak[0] = before
     c0, t0 = time.process_time(), time.monotonic()
-    w.write(vacuum=(i + 1) % vacuum_every == 0)
+    w.write(vacuum=vac)
     c1, t1 = time.process_time(), time.monotonic()
     during = peak[0]
     time.sleep(0.5)
-    out.append({"before": before, "peak": during, "after": anon(), "cpu": c1 - c0, "wall": t1 - t0})
+    out.append({"before": before, "peak": during, "after": anon(), "cpu": c1 - c0, "wall": t1 - t0, "vacuum": vac})
 stop[0] = True
 with open("/proc/self/status") as fh:
     hwm = [int(l.split()[1]) // 1024 for l in fh if l.startswith("VmHWM:")][0]
-print(json.dumps({"writes": out, "hwm": hwm, "recorded": w.recorded}))
+print(json.dumps({"writes": out, "hwm": hwm, "recorded": w.recorded, "file_bytes": os.path.getsize(db)}))
 '''
 
 
@@ -168,15 +183,16 @@ def main() -> None:
             print(f"round {r + 1} {name}: recorded {res['recorded']}, process peak (VmHWM) {res['hwm']} MB, "
                   f"load {os.getloadavg()[0]:.1f}")
             for i, x in enumerate(ws):
-                print(f"  write {i + 1}{' (vacuum)' if (i + 1) % VACUUM_EVERY == 0 else ''}: before {x['before']} MB,"
+                print(f"  write {i + 1}{' (vacuum)' if x.get('vacuum', (i + 1) % VACUUM_EVERY == 0) else ''}: before {x['before']} MB,"
                       f" peak {x['peak']} (+{x['peak'] - x['before']}), after {x['after']} MB; cpu {x['cpu']:.2f} s,"
                       f" wall {x['wall']:.2f} s")
             rises[name].append((max(x["peak"] - x["before"] for x in ws), max(x["peak"] for x in ws),
-                                sum(x["cpu"] for x in ws), res["hwm"]))
+                                sum(x["cpu"] for x in ws), res["hwm"], res.get("file_bytes", 0)))
     for name, vals in rises.items():
         print(f"{name}: largest write's rise median {statistics.median(v[0] for v in vals)} MB, writes' peak "
               f"median {statistics.median(v[1] for v in vals)} MB, writes' CPU median "
-              f"{statistics.median(v[2] for v in vals):.2f} s, process peak median {statistics.median(v[3] for v in vals)} MB")
+              f"{statistics.median(v[2] for v in vals):.2f} s, process peak median {statistics.median(v[3] for v in vals)} MB, "
+              f"file {statistics.median(v[4] for v in vals) / 2**20:.1f} MB")
 
 
 if __name__ == "__main__":

@@ -663,6 +663,7 @@ def test_the_writer_process_writes_sooner_at_first_then_at_its_interval():
     class Writer:
         writes = 0
         vacuums: list = []
+        pending = False
 
         def write(self, *, vacuum=True):
             Writer.writes += 1
@@ -679,7 +680,8 @@ def test_the_writer_process_writes_sooner_at_first_then_at_its_interval():
         serve.write()
         seen.append(serve.every)
     assert Writer.writes == 6
-    # Every VACUUM_EVERY-th write merges the row groups the others left (writer._vacuum).
+    # Every VACUUM_EVERY-th write merges the row groups the others left (writer._vacuum), while no
+    # table of the run holds a row group (writer_serve.vacuum_due; tests/store/test_writer_vacuum.py).
     assert Writer.vacuums == [(i + 1) % writer_process.VACUUM_EVERY == 0 for i in range(6)]
     first = writer_process.FIRST_WRITE_S
     assert seen[:3] == [first, 2 * first, 4 * first]
