@@ -30,6 +30,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain as chained
 from pathlib import Path
 from typing import Annotated, Optional, Union
 
@@ -95,8 +96,9 @@ def _typed_decoder(max_hash: int):
     else (a blank line, bad JSON, an unknown key, a value out of bounds, a byte-order mark) fails
     here and takes the general path, which finds the same fields or words what is wrong: this
     decoder only ever answers where that path would accept the line, with the same values
-    (tests/trace/test_trace_reader.py holds them to each other on Hypothesis-drawn lines)."""
-    model = msgspec.defstruct("TraceLine", _line_fields(max_hash), frozen=True, forbid_unknown_fields=True)
+    (tests/trace/test_trace_reader.py holds them to each other on Hypothesis-drawn lines). Not
+    tracked by the cycle collector (`gc=False`): strings, numbers and tuples of ints hold no cycle."""
+    model = msgspec.defstruct("TraceLine", _line_fields(max_hash), frozen=True, forbid_unknown_fields=True, gc=False)
     return msgspec.json.Decoder(model).decode
 
 
@@ -234,6 +236,7 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
     known_keys = KNOWN_KEYS
     decode = msgspec.json.Decoder().decode
     clock = SessionClock()
+    clock_at = clock._at  # its check and commit inline below: two calls a session's line less
     for lineno, data in numbered_lines(path, report):
         try:
             try:
@@ -255,31 +258,67 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
                     line = convert_fields(obj, model)
                 except FieldError as exc:
                     raise BadLine(str(exc)) from None
-            ts, fields = _request(line, lineno, seq, block_size)
+            # What relates a line's fields (each fits its declaration, `line_model`): checked
+            # here, in this order (inline: a call and a tuple a line less than a helper's).
+            input_len = line.input_length
+            hash_ids, tokens = line.hash_ids, line.tokens
+            if hash_ids is not UNSET:
+                if tokens is not UNSET:
+                    raise BadLine("needs exactly one of 'hash_ids' or 'tokens', found both")
+                tokens = None
+                if len(hash_ids) != -(-input_len // block_size):
+                    raise BadLine(f"'hash_ids' has {len(hash_ids)} entries, expected {-(-input_len // block_size)} "
+                                  f"(ceil(input_length {input_len} / block size {block_size}); see --block-size)")
+            elif tokens is UNSET:
+                raise BadLine("needs exactly one of 'hash_ids' or 'tokens', found neither")
+            else:
+                hash_ids = None
+                if len(tokens) != input_len:
+                    raise BadLine(f"'tokens' has {len(tokens)} entries but 'input_length' is {input_len}")
+            req_id = line.id
+            if req_id is UNSET:
+                req_id = str(lineno)
+            elif not req_id.strip():
+                raise BadLine("'id' is empty")
+            session = line.session  # null: no session, as an absent field
+            if session is not None and not session.strip():
+                raise BadLine("'session' is empty")
+            think_ms = line.think_ms
+            think_ns = None
+            if think_ms is not None:
+                if session is None:
+                    raise BadLine("'think_ms' without a 'session' (the pause follows the previous turn of the same session)")
+                think_ns = pause_ns(think_ms)
+            ts = line.timestamp
             if ts < last_ts:
                 raise BadLine(f"timestamp {ts} goes backwards (previous request is at {last_ts})")
-            req_id = fields[0]
             if req_id in seen_ids:
                 first = line_by_seq[ids_by_seq.index(req_id)]
                 raise BadLine(f"duplicate id {_show(req_id)} (first used on line {first})")
-            session = fields[9]
             if session is not None:
-                at = clock.check(session, ts * NS_PER_MS, fields[10])
-            if fields[5]:
-                _link_chain(fields[5], parents)  # last: a line that fails leaves no links behind
+                at = clock_at.get(session)
+                if at is None:  # the session's first turn (`SessionClock.check`)
+                    at = ts * NS_PER_MS
+                else:
+                    at += think_ns or 0
+                    if at > MAX_ARRIVAL_NS:
+                        clock.check(session, ts * NS_PER_MS, think_ns)  # raises, worded there
+            if hash_ids is not None:
+                _link_chain(hash_ids, parents)  # last: a line that fails leaves no links behind
         except BadLine as exc:
             report.bad_lines += 1
             if skip_bad_line(path, lineno, exc, skip_bad, report.bad_lines):
                 report.first_bad.append((lineno, str(exc)))
             continue
         if session is not None:
-            clock.commit(session, at)
+            clock_at[session] = at
         seen_ids.add(req_id)
         ids_by_seq.append(req_id)
         line_by_seq.append(lineno)
         last_ts = ts
+        yield ts, (req_id, seq, lineno, input_len, line.output_length, hash_ids, tokens, line.priority,
+                   line.extra_key, session, think_ns)
         seq += 1
-        yield ts, fields
 
 
 def _loads(text: str) -> dict:
@@ -333,42 +372,6 @@ def _refuse_lone_surrogates(obj: dict) -> None:
                                   f"{shown[:40]})") from None
 
 
-def _request(line, lineno: int, seq: int, block_size: int) -> tuple[int, tuple]:
-    """(timestamp ms, TraceRequest's fields in order, arrival_ns left out) of a line whose fields
-    each fit their declaration (`line_model`): what relates them is checked here."""
-    input_len = line.input_length
-    hash_ids, tokens = line.hash_ids, line.tokens
-    has_hashes, has_tokens = hash_ids is not UNSET, tokens is not UNSET
-    if has_hashes == has_tokens:
-        raise BadLine("needs exactly one of 'hash_ids' or 'tokens', found " + ("both" if has_hashes else "neither"))
-    if has_hashes:
-        tokens = None
-        want = -(-input_len // block_size)
-        if len(hash_ids) != want:
-            raise BadLine(f"'hash_ids' has {len(hash_ids)} entries, expected {want} "
-                           f"(ceil(input_length {input_len} / block size {block_size}); see --block-size)")
-    else:
-        hash_ids = None
-        if len(tokens) != input_len:
-            raise BadLine(f"'tokens' has {len(tokens)} entries but 'input_length' is {input_len}")
-    req_id = line.id
-    if req_id is UNSET:
-        req_id = str(lineno)
-    elif not req_id.strip():
-        raise BadLine("'id' is empty")
-    session = line.session  # null: no session, as an absent field
-    if session is not None and not session.strip():
-        raise BadLine("'session' is empty")
-    think_ms = line.think_ms
-    think_ns = None
-    if think_ms is not None:
-        if session is None:
-            raise BadLine("'think_ms' without a 'session' (the pause follows the previous turn of the same session)")
-        think_ns = pause_ns(think_ms)
-    return line.timestamp, (req_id, seq, lineno, input_len, line.output_length, hash_ids, tokens, line.priority,
-                            line.extra_key, session, think_ns)
-
-
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -394,30 +397,35 @@ def _spread(parsed: Iterator[tuple[int, tuple]], path: Path, report: ReadReport)
     group: list[tuple] = []
     group_ts = first_ts = -1
     num_distinct = 0
-    for ts, fields in parsed:
-        if group and ts != group_ts:
-            yield from _emit(group, group_ts, ts, report)
-            group = []
-        if not group:
+    # The end of the input is one more (timestamp, fields) pair, so that the last group is spread
+    # by the same loop (over the mean gap) as the others (over the gap to the next timestamp).
+    for ts, fields in chained(parsed, _END):
+        if ts != group_ts:
+            if group:
+                if ts is None:
+                    mean_gap_ms = (group_ts - first_ts) / (num_distinct - 1) if num_distinct > 1 else 0.0
+                    gap_ns = round((group_ts + mean_gap_ms - group_ts) * NS_PER_MS)
+                else:
+                    gap_ns = (ts - group_ts) * NS_PER_MS
+                k = len(group)
+                base_ns = group_ts * NS_PER_MS
+                for i, (req_id, seq, line, input_len, output_len, hash_ids, tokens, priority, extra_key, session,
+                        think_ns) in enumerate(group):
+                    report.num_requests += 1
+                    yield TraceRequest(req_id, seq, line, base_ns + i * gap_ns // k, input_len, output_len, hash_ids,
+                                       tokens, priority, extra_key, session, think_ns)
+                group = []
+            if ts is None:
+                break
             group_ts = ts
             num_distinct += 1
             if first_ts < 0:
                 first_ts = ts
         group.append(fields)
-    if not group:
+    if first_ts < 0:
         skipped = f" ({report.bad_lines} bad lines skipped)" if report.bad_lines else ""
         raise TraceError(f"{path}: no requests in the trace{skipped}",
                          hint="expected one JSON object a line")
-    mean_gap_ms = (group_ts - first_ts) / (num_distinct - 1) if num_distinct > 1 else 0.0
-    yield from _emit(group, group_ts, group_ts + mean_gap_ms, report)
 
 
-def _emit(group: list[tuple], ts_ms: int, next_ts_ms: float, report: ReadReport) -> Iterator[TraceRequest]:
-    k = len(group)
-    base_ns = ts_ms * NS_PER_MS
-    gap_ns = round((next_ts_ms - ts_ms) * NS_PER_MS)
-    for i, (req_id, seq, line, input_len, output_len, hash_ids, tokens, priority, extra_key, session,
-            think_ns) in enumerate(group):
-        report.num_requests += 1
-        yield TraceRequest(req_id, seq, line, base_ns + i * gap_ns // k, input_len, output_len, hash_ids, tokens,
-                           priority, extra_key, session, think_ns)
+_END = ((None, None),)
