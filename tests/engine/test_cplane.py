@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from tierdiag.engine import content, decode, deployment, miss, pagemap, rows, schedule_common, storage, tree
 from tierdiag.engine.routing import router_tree
 from tierdiag.native import cplane
+from tierdiag.trace import chain as trace_chain
 from tierdiag.engine.content import page_content_np
 from tierdiag.engine.dataplane import DataPlane
 from tierdiag.engine.pagepool import PagePool
@@ -89,6 +90,7 @@ def test_every_pair_takes_the_side_the_facade_chose():
         "deployment.ranks_json": deployment.ranks_json,
         "decode.decode_steps": decode.decode_steps,
         "routing.approx_tree": router_tree.new_tree,
+        "reader.link_chain": trace_chain.link_chain,
     }
     pairs = cplane.pairs()
     assert set(pairs) == set(bound)

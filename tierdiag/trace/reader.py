@@ -30,7 +30,7 @@ from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
-from operator import itemgetter
+from itertools import chain as chained
 from pathlib import Path
 from typing import Annotated, Optional, Union
 
@@ -39,6 +39,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from tierdiag.errors import TraceError
 from tierdiag.units import NS_PER_MS
+from tierdiag.trace.chain import ChainLinks, _check_chain_slow, link_chain as _link_chain  # noqa: F401 - _check_chain_slow: this module's API too
 from tierdiag.trace.fields import FieldError, convert as convert_fields, json_type as _json_type, show as _show
 from tierdiag.trace.lines import BadLine, is_seekable_file, numbered_lines, open_raw, skip_bad_line  # noqa: F401 - numbered_lines, is_seekable_file: this module's API too
 
@@ -95,8 +96,9 @@ def _typed_decoder(max_hash: int):
     else (a blank line, bad JSON, an unknown key, a value out of bounds, a byte-order mark) fails
     here and takes the general path, which finds the same fields or words what is wrong: this
     decoder only ever answers where that path would accept the line, with the same values
-    (tests/trace/test_trace_reader.py holds them to each other on Hypothesis-drawn lines)."""
-    model = msgspec.defstruct("TraceLine", _line_fields(max_hash), frozen=True, forbid_unknown_fields=True)
+    (tests/trace/test_trace_reader.py holds them to each other on Hypothesis-drawn lines). Not
+    tracked by the cycle collector (`gc=False`): strings, numbers and tuples of ints hold no cycle."""
+    model = msgspec.defstruct("TraceLine", _line_fields(max_hash), frozen=True, forbid_unknown_fields=True, gc=False)
     return msgspec.json.Decoder(model).decode
 
 
@@ -234,6 +236,7 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
     known_keys = KNOWN_KEYS
     decode = msgspec.json.Decoder().decode
     clock = SessionClock()
+    clock_at = clock._at  # its check and commit inline below: two calls a session's line less
     for lineno, data in numbered_lines(path, report):
         try:
             try:
@@ -255,31 +258,67 @@ def _parse(path: Path, *, block_size: int, skip_bad: bool, report: ReadReport) -
                     line = convert_fields(obj, model)
                 except FieldError as exc:
                     raise BadLine(str(exc)) from None
-            ts, fields = _request(line, lineno, seq, block_size)
+            # What relates a line's fields (each fits its declaration, `line_model`): checked
+            # here, in this order (inline: a call and a tuple a line less than a helper's).
+            input_len = line.input_length
+            hash_ids, tokens = line.hash_ids, line.tokens
+            if hash_ids is not UNSET:
+                if tokens is not UNSET:
+                    raise BadLine("needs exactly one of 'hash_ids' or 'tokens', found both")
+                tokens = None
+                if len(hash_ids) != -(-input_len // block_size):
+                    raise BadLine(f"'hash_ids' has {len(hash_ids)} entries, expected {-(-input_len // block_size)} "
+                                  f"(ceil(input_length {input_len} / block size {block_size}); see --block-size)")
+            elif tokens is UNSET:
+                raise BadLine("needs exactly one of 'hash_ids' or 'tokens', found neither")
+            else:
+                hash_ids = None
+                if len(tokens) != input_len:
+                    raise BadLine(f"'tokens' has {len(tokens)} entries but 'input_length' is {input_len}")
+            req_id = line.id
+            if req_id is UNSET:
+                req_id = str(lineno)
+            elif not req_id.strip():
+                raise BadLine("'id' is empty")
+            session = line.session  # null: no session, as an absent field
+            if session is not None and not session.strip():
+                raise BadLine("'session' is empty")
+            think_ms = line.think_ms
+            think_ns = None
+            if think_ms is not None:
+                if session is None:
+                    raise BadLine("'think_ms' without a 'session' (the pause follows the previous turn of the same session)")
+                think_ns = pause_ns(think_ms)
+            ts = line.timestamp
             if ts < last_ts:
                 raise BadLine(f"timestamp {ts} goes backwards (previous request is at {last_ts})")
-            req_id = fields[0]
             if req_id in seen_ids:
                 first = line_by_seq[ids_by_seq.index(req_id)]
                 raise BadLine(f"duplicate id {_show(req_id)} (first used on line {first})")
-            session = fields[9]
             if session is not None:
-                at = clock.check(session, ts * NS_PER_MS, fields[10])
-            if fields[5]:
-                _link_chain(fields[5], parents)  # last: a line that fails leaves no links behind
+                at = clock_at.get(session)
+                if at is None:  # the session's first turn (`SessionClock.check`)
+                    at = ts * NS_PER_MS
+                else:
+                    at += think_ns or 0
+                    if at > MAX_ARRIVAL_NS:
+                        clock.check(session, ts * NS_PER_MS, think_ns)  # raises, worded there
+            if hash_ids is not None:
+                _link_chain(hash_ids, parents)  # last: a line that fails leaves no links behind
         except BadLine as exc:
             report.bad_lines += 1
             if skip_bad_line(path, lineno, exc, skip_bad, report.bad_lines):
                 report.first_bad.append((lineno, str(exc)))
             continue
         if session is not None:
-            clock.commit(session, at)
+            clock_at[session] = at
         seen_ids.add(req_id)
         ids_by_seq.append(req_id)
         line_by_seq.append(lineno)
         last_ts = ts
+        yield ts, (req_id, seq, lineno, input_len, line.output_length, hash_ids, tokens, line.priority,
+                   line.extra_key, session, think_ns)
         seq += 1
-        yield ts, fields
 
 
 def _loads(text: str) -> dict:
@@ -333,174 +372,6 @@ def _refuse_lone_surrogates(obj: dict) -> None:
                                   f"{shown[:40]})") from None
 
 
-def _request(line, lineno: int, seq: int, block_size: int) -> tuple[int, tuple]:
-    """(timestamp ms, TraceRequest's fields in order, arrival_ns left out) of a line whose fields
-    each fit their declaration (`line_model`): what relates them is checked here."""
-    input_len = line.input_length
-    hash_ids, tokens = line.hash_ids, line.tokens
-    has_hashes, has_tokens = hash_ids is not UNSET, tokens is not UNSET
-    if has_hashes == has_tokens:
-        raise BadLine("needs exactly one of 'hash_ids' or 'tokens', found " + ("both" if has_hashes else "neither"))
-    if has_hashes:
-        tokens = None
-        want = -(-input_len // block_size)
-        if len(hash_ids) != want:
-            raise BadLine(f"'hash_ids' has {len(hash_ids)} entries, expected {want} "
-                           f"(ceil(input_length {input_len} / block size {block_size}); see --block-size)")
-    else:
-        hash_ids = None
-        if len(tokens) != input_len:
-            raise BadLine(f"'tokens' has {len(tokens)} entries but 'input_length' is {input_len}")
-    req_id = line.id
-    if req_id is UNSET:
-        req_id = str(lineno)
-    elif not req_id.strip():
-        raise BadLine("'id' is empty")
-    session = line.session  # null: no session, as an absent field
-    if session is not None and not session.strip():
-        raise BadLine("'session' is empty")
-    think_ms = line.think_ms
-    think_ns = None
-    if think_ms is not None:
-        if session is None:
-            raise BadLine("'think_ms' without a 'session' (the pause follows the previous turn of the same session)")
-        think_ns = pause_ns(think_ms)
-    return line.timestamp, (req_id, seq, lineno, input_len, line.output_length, hash_ids, tokens, line.priority,
-                            line.extra_key, session, think_ns)
-
-
-class ChainLinks:
-    """hash id -> the id before it (-1: a first block), as `_parse` keeps it for the whole trace.
-
-    Ids are small, dense integers in every trace seen (Mooncake's and `synth`'s count up from 0),
-    so they index an int64 array (8 bytes an id, -2 where none is known); an id far past the ids
-    held (a trace of hashes, a hostile id near 2**63) goes to a dict instead. A dict of every id
-    held ~90 bytes an id, its int objects included: ~250 MB of a 1M-request `synth` replay's
-    peak (2.8M distinct ids; issue 41's <= 1 GB), where the array holds 22 MB."""
-
-    NONE = -2  # in the array: no link known
-    DENSE_SLACK = 1 << 20  # the array may run this far past twice the ids it holds
-
-    __slots__ = ("_dense", "_sparse", "_count")
-
-    def __init__(self) -> None:
-        self._dense = array("q")
-        self._sparse: dict[int, int] = {}
-        self._count = 0
-
-    def __len__(self) -> int:
-        return self._count
-
-    def get(self, h: int) -> int | None:
-        if 0 <= h < len(self._dense):
-            known = self._dense[h]
-            return None if known == self.NONE else known
-        return self._sparse.get(h)
-
-    def knowns(self, hash_ids: tuple[int, ...]) -> tuple:
-        """Each id's predecessor (NONE where none is known), read at C speed where the ids are
-        dense (the array grown to hold them), else one look-up an id."""
-        top, dense = max(hash_ids), self._dense
-        if top >= len(dense) and top < 2 * self._count + self.DENSE_SLACK:
-            self._grow(top + 1)
-        if top < len(dense) and min(hash_ids) >= 0:
-            found = itemgetter(*hash_ids)(dense)
-            return found if len(hash_ids) > 1 else (found,)
-        return tuple(self.NONE if k is None else k for k in map(self.get, hash_ids))
-
-    def _grow(self, size: int) -> None:
-        """The array to at least `size` ids (doubling); ids the dict held that it now covers move in."""
-        dense = self._dense
-        size = max(size, 2 * len(dense))
-        dense.extend(array("q", [self.NONE]) * (size - len(dense)))
-        for h in [h for h in self._sparse if 0 <= h < size]:
-            dense[h] = self._sparse.pop(h)
-
-    def add(self, hash_ids, prevs) -> None:
-        """Link each id (none held yet) to its predecessor."""
-        dense, n, sparse = self._dense, len(self._dense), self._sparse
-        for h, p in zip(hash_ids, prevs):
-            if 0 <= h < n:
-                dense[h] = p
-            else:
-                sparse[h] = p
-            self._count += 1
-
-    def add_run(self, first: int, count: int, prev: int) -> None:
-        """Link the ids first .. first+count-1 (none held yet), each to the id before it and the
-        first to `prev`: a line's new ids as a chained trace writes them (Mooncake's and
-        `synth`'s count up), stored by one slice of the array rather than an id at a time."""
-        dense, end = self._dense, first + count
-        if 0 <= first and end <= len(dense):
-            dense[first] = prev
-            if count > 1:
-                dense[first + 1:end] = array("q", range(first, end - 1))
-            self._count += count
-        else:
-            self.add(range(first, end), (prev, *range(first, end - 1)))
-
-    def as_dict(self) -> dict[int, int]:
-        out = {h: p for h, p in enumerate(self._dense) if p != self.NONE}
-        out.update(self._sparse)
-        return out
-
-
-def _link_chain(hash_ids: tuple[int, ...], parents: ChainLinks) -> None:
-    """Add this line's links to `parents`; raise, adding none, if an id follows a different
-    predecessor than before (or than earlier in the line).
-
-    A chained trace's line is ids seen before (a shared prefix) then ids never seen, each once:
-    that shape is checked with C-level tuple compares and one `parents` look-up an id, and its
-    new ids go straight in. Anything else (a broken chain, an id twice in the line) takes
-    `_check_chain_slow`, which finds the same links or the first bad position. The ids are >= 0
-    (the line model bounds them; a negative one would index the array from its end)."""
-    none = ChainLinks.NONE
-    if len(hash_ids) > 1:
-        # The ids are >= 0 (the line model's bound): where all are inside the array, one
-        # itemgetter reads every link (an id past it raises, and ChainLinks.knowns grows the
-        # array or asks its dict), without knowns' min() and max() a line.
-        try:
-            knowns = itemgetter(*hash_ids)(parents._dense)
-        except IndexError:
-            knowns = parents.knowns(hash_ids)
-    else:
-        knowns = parents.knowns(hash_ids)
-    prevs = (-1, *hash_ids[:-1])
-    if knowns == prevs:
-        return
-    if none in knowns:
-        i = knowns.index(none)
-        num_new = len(knowns) - i
-        if knowns.count(none) == num_new and knowns[:i] == prevs[:i]:
-            first = hash_ids[i]
-            if hash_ids[-1] == first + num_new - 1 and hash_ids[i:] == tuple(range(first, first + num_new)):
-                parents.add_run(first, num_new, prevs[i])  # new ids counting up: distinct, one slice
-                return
-            if len(set(hash_ids[i:])) == num_new:
-                parents.add(hash_ids[i:], prevs[i:])
-                return
-    new = _check_chain_slow(hash_ids, parents)
-    parents.add(new.keys(), new.values())
-
-
-def _check_chain_slow(hash_ids: tuple[int, ...], parents) -> dict[int, int]:
-    """The links this line adds to `parents` (a ChainLinks, or a dict); raises if an id follows
-    a different predecessor."""
-    new: dict[int, int] = {}
-    prev = -1
-    for pos, h in enumerate(hash_ids):
-        known = parents.get(h)
-        if known is None:
-            known = new.setdefault(h, prev)
-        if known != prev:
-            before = "nothing" if known < 0 else f"id {known}"
-            here = "nothing" if prev < 0 else f"id {prev}"
-            raise BadLine(f"'hash_ids' do not chain: id {h} at position {pos} follows {here} here but "
-                           f"{before} before (a shared hash id must mean a shared prefix)")
-        prev = h
-    return new
-
-
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -526,30 +397,35 @@ def _spread(parsed: Iterator[tuple[int, tuple]], path: Path, report: ReadReport)
     group: list[tuple] = []
     group_ts = first_ts = -1
     num_distinct = 0
-    for ts, fields in parsed:
-        if group and ts != group_ts:
-            yield from _emit(group, group_ts, ts, report)
-            group = []
-        if not group:
+    # The end of the input is one more (timestamp, fields) pair, so that the last group is spread
+    # by the same loop (over the mean gap) as the others (over the gap to the next timestamp).
+    for ts, fields in chained(parsed, _END):
+        if ts != group_ts:
+            if group:
+                if ts is None:
+                    mean_gap_ms = (group_ts - first_ts) / (num_distinct - 1) if num_distinct > 1 else 0.0
+                    gap_ns = round((group_ts + mean_gap_ms - group_ts) * NS_PER_MS)
+                else:
+                    gap_ns = (ts - group_ts) * NS_PER_MS
+                k = len(group)
+                base_ns = group_ts * NS_PER_MS
+                for i, (req_id, seq, line, input_len, output_len, hash_ids, tokens, priority, extra_key, session,
+                        think_ns) in enumerate(group):
+                    report.num_requests += 1
+                    yield TraceRequest(req_id, seq, line, base_ns + i * gap_ns // k, input_len, output_len, hash_ids,
+                                       tokens, priority, extra_key, session, think_ns)
+                group = []
+            if ts is None:
+                break
             group_ts = ts
             num_distinct += 1
             if first_ts < 0:
                 first_ts = ts
         group.append(fields)
-    if not group:
+    if first_ts < 0:
         skipped = f" ({report.bad_lines} bad lines skipped)" if report.bad_lines else ""
         raise TraceError(f"{path}: no requests in the trace{skipped}",
                          hint="expected one JSON object a line")
-    mean_gap_ms = (group_ts - first_ts) / (num_distinct - 1) if num_distinct > 1 else 0.0
-    yield from _emit(group, group_ts, group_ts + mean_gap_ms, report)
 
 
-def _emit(group: list[tuple], ts_ms: int, next_ts_ms: float, report: ReadReport) -> Iterator[TraceRequest]:
-    k = len(group)
-    base_ns = ts_ms * NS_PER_MS
-    gap_ns = round((next_ts_ms - ts_ms) * NS_PER_MS)
-    for i, (req_id, seq, line, input_len, output_len, hash_ids, tokens, priority, extra_key, session,
-            think_ns) in enumerate(group):
-        report.num_requests += 1
-        yield TraceRequest(req_id, seq, line, base_ns + i * gap_ns // k, input_len, output_len, hash_ids, tokens,
-                           priority, extra_key, session, think_ns)
+_END = ((None, None),)

@@ -67,7 +67,7 @@
  * 22: lru_entry, lru_id (the radix tree's lru heap entries made and read in C; session 27, h41core11).
  * 23: StorageIndex.admit_write (a storage landing write's admit, page write and place in one call; session 28, h41stor15).
  * 24: RouterTree (cache_aware's approximate tree as runs in C, routing/approx_tree.py; session 28, h41dp13). */
-#define CPLANE_API 24
+#define CPLANE_API 25
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -161,6 +161,7 @@ CP_HIDDEN extern PyMethodDef cp_page_keys_methods[]; /* page_keys.c */
 CP_HIDDEN extern PyMethodDef cp_rows_methods[];    /* rows.c */
 CP_HIDDEN extern PyMethodDef cp_storage_io_methods[]; /* storage_io.c */
 CP_HIDDEN extern PyMethodDef cp_router_methods[];  /* router.c */
+CP_HIDDEN extern PyMethodDef cp_trace_chain_methods[]; /* trace_chain.c */
 CP_HIDDEN extern PyTypeObject cp_StorageIndexType; /* storage_index.c */
 CP_HIDDEN extern PyTypeObject cp_PageWriterType;   /* storage_io.c */
 CP_HIDDEN extern PyTypeObject cp_RowBufferType;    /* rows.c */

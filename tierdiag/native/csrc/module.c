@@ -322,7 +322,8 @@ static struct PyModuleDef cplane_module = {
     "_cplane",
     "The compiled CPU data plane (tierdiag/native/cplane.py chooses it; the numpy reference\n"
     "it falls back to lives beside each owner: engine/rows.py, content.py, pagepool.py,\n"
-    "pagemap.py, storage.py, probes/recorder.py, trace/pages.py, miss.py, deployment.py).",
+    "pagemap.py, storage.py, probes/recorder.py, trace/pages.py, trace/reader.py, miss.py,\n"
+    "deployment.py).",
     -1,
     NULL,
     NULL, NULL, NULL, NULL,
@@ -343,6 +344,7 @@ PyInit__cplane(void)
         PyModule_AddFunctions(m, cp_rows_methods) < 0 ||
         PyModule_AddFunctions(m, cp_storage_io_methods) < 0 ||
         PyModule_AddFunctions(m, cp_router_methods) < 0 ||
+        PyModule_AddFunctions(m, cp_trace_chain_methods) < 0 ||
         PyType_Ready(&cp_StorageIndexType) < 0 ||
         PyModule_AddObjectRef(m, "StorageIndex", (PyObject *)&cp_StorageIndexType) < 0 ||
         PyType_Ready(&cp_PageWriterType) < 0 ||
