@@ -1,7 +1,7 @@
 """The storage tier's page write in one compiled call (`StorageIndex.admit_write`,
 csrc/storage_index.c; `StorageTier._write`'s fast path, issue 41's storage row): the admit, the
-page write queued on the writer's thread and the keys placed, where a write's keys are all new
-and fit the active segment. Against the same writes made the way they were before (admit, then
+page write queued on the writer's thread and the keys placed, where the keys a write enters new
+(all of them, or a mixed write's, some keys there before) fit the active segment. Against the same writes made the way they were before (admit, then
 `_place_rows`): the same files byte for byte, the same index (order, locations, live counts) and
 the same answers; the call's own edges (no room, a put that declines or raises, hostile
 arguments)."""
@@ -85,9 +85,11 @@ class _Writer:
     def __init__(self, answer):
         self.answer = answer
         self.calls = []
+        self.slots = []
 
     def put(self, fd, offset, rows, slots):
         self.calls.append((fd, offset))
+        self.slots.append(None if slots is None else list(slots))
         if isinstance(self.answer, BaseException):
             raise self.answer
         return self.answer
@@ -109,8 +111,10 @@ def test_all_new_keys_that_fit_are_written_and_placed():
     assert ix.live(2) == 3
 
 
-@pytest.mark.parametrize("keys,room", [([5, 6, 7], 2), ([5, 6, 7], 0), ([], 5), ([5, 5], 4), ([1, 9], 4)],
-                         ids=["no room", "full segment", "no keys", "a key twice", "a key there before"])
+@pytest.mark.parametrize("keys,room", [([5, 6, 7], 2), ([5, 6, 7], 0), ([], 5), ([5, 5], 4), ([1, 9], 4),
+                                       ([1, 8, 9], 1), ([1], 4)],
+                         ids=["no room", "full segment", "no keys", "a key twice (no slots)",
+                              "a key there before (no slots)", "mixed, no room", "no key new"])
 def test_what_is_not_all_new_and_fitting_is_admitted_only(keys, room):
     ix, w = _index([1]), _Writer(96)
     plain = _index([1])
@@ -119,6 +123,47 @@ def test_what_is_not_all_new_and_fitting_is_admitted_only(keys, room):
     assert got[:3] == want and got[3] == -1 and w.calls == []
     assert ix.keys() == plain.keys()
     assert [ix.locs([k]) for k in set(keys)] == [plain.locs([k]) for k in set(keys)]
+
+
+@pytest.mark.parametrize("slots_as", [list, lambda v: array("q", v)], ids=["list", "run"])
+def test_a_mixed_write_puts_and_places_its_fresh_keys_only(slots_as):
+    # keys 1 and 3 there before (touched, not written again); 5, 6 and 6 again new: the pages
+    # of the positions fresh names, picked from the slots in order, in one put; placed in order
+    ix, w = _index([1, 3]), _Writer(64)
+    plain = _index([1, 3])
+    keys = array("q", [5, 1, 6, 3, 6])
+    want = plain.admit(keys, 10, True)
+    got = ix.admit_write(keys, 10, w, 3, 640, None, slots_as([20, 21, 22, 23, 24]), 2, 10, 4)
+    assert got == (*want, 64) and want[1] == [0, 2]
+    assert w.calls == [(3, 640)] and w.slots == [[20, 22]]
+    assert ix.keys() == plain.keys() == [5, 1, 3, 6]
+    assert ix.locs(array("q", [5, 6, 1, 3])) == [(2 << 32) + 10, (2 << 32) + 11, 1 << 32, (1 << 32) + 1]
+    assert ix.live(2) == 2 and ix.live(1) == 2
+
+
+@pytest.mark.parametrize("slots", [None, [20, 21], array("q", [20, 21]), "abcde", bytes(24), np.zeros(3)],
+                         ids=["none", "too short", "a run too short", "a str", "bytes", "floats"])
+def test_a_mixed_write_whose_slots_cannot_be_picked_is_admitted_only(slots):
+    ix, w = _index([1]), _Writer(64)
+    got = ix.admit_write(array("q", [1, 5, 6]), 10, w, 3, 0, None, slots, 2, 0, 4)
+    assert got[1] == [1, 2] and got[3] == -1 and w.calls == []
+    assert ix.locs(array("q", [5, 6])) == [-1, -1] and ix.live(2) == 0
+
+
+def test_a_mixed_write_of_more_keys_than_the_capacity_is_admitted_only():
+    # (its own keys may push each other out: the old way decides what is written)
+    ix, w = _index([1]), _Writer(64)
+    got = ix.admit_write(array("q", [1, 5, 6]), 2, w, 3, 0, None, [0, 1, 2], 2, 0, 4)
+    assert got[3] == -1 and w.calls == []
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"), "not an int"],
+                         ids=["oserror", "bad answer"])
+def test_a_mixed_write_whose_put_fails_drops_its_fresh_keys_only(error):
+    ix = _index([1, 2])
+    with pytest.raises(type(error) if isinstance(error, BaseException) else TypeError):
+        ix.admit_write(array("q", [2, 5, 6]), 10, _Writer(error), 3, 0, None, [7, 8, 9], 2, 0, 4)
+    assert 5 not in ix and 6 not in ix and ix.keys() == [1, 2] and ix.live(1) == 2 and ix.live(2) == 0
 
 
 def test_a_put_that_declines_leaves_the_placeholders_for_the_caller():

@@ -63,7 +63,14 @@ def apply(index, capacity: int, steps, ends: dict[int, int], seq=list) -> list:
             seen.append(("write", deleted, fresh, emptied))
         elif step[0] == "read":
             keys = [digest(k) for k in step[1] if digest(k) in index]
-            seen.append(("read", index.locs(seq(keys))))
+            locs = index.locs(seq(keys))
+            runs = index.loc_runs(seq(keys))
+            seen.append(("read", locs, runs))
+            # the runs are the locations, split where one is not the one before + 1 in its segment
+            assert sum(runs[1::2]) == len(keys)
+            assert [f + i for f, c in zip(runs[::2], runs[1::2]) for i in range(c)] == locs
+            assert all(a + c != b or a >> _SLOT_BITS != b >> _SLOT_BITS
+                       for a, c, b in zip(runs[0:-2:2], runs[1:-2:2], runs[2::2]))
             index.touch_all(seq(keys))
         else:
             slots, keys = index.segment_keys(step[1])
@@ -182,14 +189,16 @@ not_keys = st.sampled_from([
 
 @compiled
 @settings(max_examples=60, deadline=None)
-@given(bad=not_keys, method=st.sampled_from(["admit", "place", "locs", "touch_all", "run", "drop_placeholders"]))
+@given(bad=not_keys, method=st.sampled_from(["admit", "place", "locs", "loc_runs", "touch_all", "run",
+                                             "drop_placeholders"]))
 def test_the_compiled_index_refuses_keys_that_are_neither_a_list_nor_an_int64_run(bad, method):
     """One TypeError naming what it takes, and the index as it was."""
     ix = cplane.C.StorageIndex()
     ix.admit(run([5, 6]), 4)
     ix.place([5, 6], 1, 0)
     call = {"admit": lambda: ix.admit(bad, 4), "place": lambda: ix.place(bad, 1, 2),
-            "locs": lambda: ix.locs(bad), "touch_all": lambda: ix.touch_all(bad), "run": lambda: ix.run(bad, 0),
+            "locs": lambda: ix.locs(bad), "loc_runs": lambda: ix.loc_runs(bad), "touch_all": lambda: ix.touch_all(bad),
+            "run": lambda: ix.run(bad, 0),
             "drop_placeholders": lambda: ix.drop_placeholders(bad)}[method]
     with pytest.raises(TypeError, match=r"keys must be a list or a run of int64 \(array\('q'\)\)"):
         call()
@@ -204,6 +213,8 @@ def test_a_runs_absent_key_is_a_key_error_naming_its_value():
         ix.locs(run([1, -2**63]))
     with pytest.raises(KeyError, match="77"):
         ix.touch_all(run([77]))
+    with pytest.raises(KeyError, match="78"):
+        ix.loc_runs(run([1, 2, 78]))
     with pytest.raises(KeyError, match="9"):
         ix.place(run([9]), 1, 0)
     assert ix.keys() == [1, 2] and ix.run(np.array([1, 2, 3], dtype=np.int64), 0) == 2
@@ -495,3 +506,22 @@ def test_the_tier_reserves_its_capacity_up_to_the_cap(tmp_path, monkeypatch):
     for pages in (0, 781_250, 10**15):
         storage.StorageTier(tmp_path / str(pages), pages)
     assert asked == [0, 781_250, storage.INDEX_RESERVE_MAX] and storage.INDEX_RESERVE_MAX == 1 << 21
+
+
+@pytest.mark.parametrize("make", INDEXES)
+def test_a_reads_runs_split_at_a_gap_a_segment_and_a_step_back(make):
+    """loc_runs: adjacent pages of one segment are one run; a gap, another segment (the last
+    slot of one and the first of the next are adjacent numbers, not pages of one file) or a
+    page before the last start a new one; a key named twice is two pages of the read."""
+    ix = make()
+    keys = [digest(k) for k in range(9)]
+    ix.admit(keys, 20)
+    ix.place(keys[:3], 1, 0)
+    ix.place(keys[3:5], 1, 7)
+    ix.place(keys[5:6], 1, (1 << _SLOT_BITS) - 1)
+    ix.place(keys[6:9], 2, 0)
+    s1, s2 = 1 << _SLOT_BITS, 2 << _SLOT_BITS
+    assert ix.loc_runs(keys) == [s1, 3, s1 + 7, 2, s2 - 1, 1, s2, 3]
+    assert ix.loc_runs(run(keys[1:3] + keys[:1] + keys[:1])) == [s1 + 1, 2, s1, 1, s1, 1]
+    assert ix.loc_runs([]) == [] and ix.loc_runs(run([])) == []
+    assert ix.keys() == keys  # nothing touched

@@ -119,6 +119,19 @@ class _LruIndex:
         od = self._od
         return [od[k] for k in keys]
 
+    def loc_runs(self, keys: Any) -> list[int]:
+        """`locs(keys)` as runs of adjacent pages: [first, count, ...], a run while each location
+        is the one before + 1 in the same segment (what one read takes)."""
+        out: list[int] = []
+        for loc in self.locs(keys):
+            if out:
+                last = out[-2] + out[-1] - 1
+                if loc == last + 1 and loc >> _SLOT_BITS == last >> _SLOT_BITS:
+                    out[-1] += 1
+                    continue
+            out += (loc, 1)
+        return out
+
     def live(self, segment: int) -> int:
         return self._live.get(segment, 0)
 
@@ -397,7 +410,8 @@ class StorageTier:
         if gather is None and self._admit_write is not None and seg is not None and counted:
             # The engine's page write (issue 41's storage row: ~28k a whole-trace replay): the
             # compiled index admits, queues the page write on the writer's thread and places
-            # the keys in one call where they are all new and fit the active segment (as
+            # the keys in one call where the keys it enters new (all of them, or some beside
+            # keys there before: a mixed write, ~9 % of them) fit the active segment (as
             # `_next_run` would put them: the same segment, slot and offset); otherwise it only
             # admits, and the write goes on below as after `admit`.
             first = seg.pages
@@ -414,11 +428,14 @@ class StorageTier:
                 segments = self._segments
                 self._emptied.extend(segments[n] for n in emptied)
             if written >= 0:
-                count = len(keys)
+                # all new (fresh None): every key's page; a mixed write (some keys there before,
+                # no more keys than the capacity): the pages of the positions `fresh` names,
+                # written and placed by the same call as the all-new ones
+                count = len(keys) if fresh is None else len(fresh)
                 seg.pages += count
                 self._disk_pages += count
                 self.bytes_written += count * self.page_bytes
-                if deleted:
+                if deleted or fresh is not None:
                     self._collect()
                 return deleted
         else:
@@ -690,20 +707,18 @@ class StorageTier:
         slots of a segment, its pages' rows put straight into the pool's, no numpy array): the
         same runs, bytes and errors as `read_pages`. False when the C call declines a run (the
         caller then reads them all numpy's way: the same bytes into the same slots)."""
-        # locations typed (ints) and the slot bits a constant (Final): compiled, the split into
-        # runs is plain integer work, where untyped it was generic Python operations a page
-        locs: list[int] = self._index.locs(keys)
+        # The runs of adjacent pages split by the index (`loc_runs`: [first, count, ...]), not
+        # here a page (issue 41's storage row: ~75k pages in ~450 runs on conversation[:4000],
+        # where the split of a list of locations made a boxed int and ~340 instructions a page).
+        runs: list[int] = self._index.loc_runs(keys)
         page_bytes = self.page_bytes
         mask = (1 << _SLOT_BITS) - 1
         n = len(keys)
         i = 0
-        while i < n:
-            first = locs[i]
-            seg_no = first >> _SLOT_BITS
-            j = i + 1
-            while j < n and locs[j] == locs[j - 1] + 1 and locs[j] >> _SLOT_BITS == seg_no:
-                j += 1
-            seg = self._segments[seg_no]
+        for r in range(0, len(runs), 2):
+            first = runs[r]
+            j = i + runs[r + 1]
+            seg = self._segments[first >> _SLOT_BITS]
             want = (j - i) * page_bytes
             self._landed(seg, (first & mask) * page_bytes, (first & mask) * page_bytes + want)
             try:

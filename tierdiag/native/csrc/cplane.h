@@ -66,8 +66,11 @@
  * 21: decode_steps (a rank's plain decode steps run ahead, engine/decode.py; session 26, h41dp11).
  * 22: lru_entry, lru_id (the radix tree's lru heap entries made and read in C; session 27, h41core11).
  * 23: StorageIndex.admit_write (a storage landing write's admit, page write and place in one call; session 28, h41stor15).
- * 24: RouterTree (cache_aware's approximate tree as runs in C, routing/approx_tree.py; session 28, h41dp13). */
-#define CPLANE_API 25
+ * 24: RouterTree (cache_aware's approximate tree as runs in C, routing/approx_tree.py; session 28, h41dp13).
+ * 25: link_chain (a trace line's hash-chain check, trace_chain.c; session 30, h41trace1).
+ * 26: StorageIndex.admit_write writes a mixed write (some keys there before) in the same call;
+ *     StorageIndex.loc_runs (a read's locations as runs; session 30, h41stor16). */
+#define CPLANE_API 26
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256

@@ -908,10 +908,90 @@ PyDoc_STRVAR(ix_admit_write_doc,
 "A storage write's admit(keys, capacity, True), and, where every key went in new and in order\n"
 "(fresh None) and they fit the active segment's `room`, its page write and place() in the same\n"
 "call: writer.put(fd, offset, rows, slots), then the keys placed at slots first, first + 1, ...\n"
-"of `segment` (the entries the admit just made, no probe). written: put's answer (bytes queued),\n"
-"or -1 when nothing was written (fresh a list, no room, no keys, or put declined: the caller\n"
-"writes and places as after admit()). A put that raises drops the keys' placeholders first\n"
-"(the pages never reached the disk) and its error is raised.");
+"of `segment` (the entries the admit just made, no probe). A mixed write (fresh a list: some\n"
+"keys there before) of no more keys than `capacity` whose fresh keys fit `room` the same way:\n"
+"writer.put(fd, offset, rows, [slots[i] for i in fresh]), the fresh keys placed in order.\n"
+"written: put's answer (bytes queued), or -1 when nothing was written (no fresh key, more keys\n"
+"than capacity, no room, slots too short or neither a list nor an int64 run, or put declined:\n"
+"the caller writes and places as after admit()). A put that raises drops the keys'\n"
+"placeholders first (the pages never reached the disk) and its error is raised.");
+
+/* admit_write's page write of a mixed write (some keys there before, the rest entered new):
+ * with no more keys than the capacity none of the write's own keys is pushed out by it, so the
+ * positions `fresh` names are every key the admit entered, in the order of its pending entries.
+ * Their slots picked (as `[slots[i] for i in fresh]`), writer.put(fd, offset, rows, picked), and
+ * the pending entries placed at first, first + 1, ... of `seg`. Returns put's answer (>= 0), -1
+ * when nothing was written and nothing changed (the caller goes the old way: a slot position
+ * past the slots, slots neither a list nor an int64 run, put declined), -2 with an error set
+ * (put raised: the write's placeholders dropped first). */
+static Py_ssize_t
+ix_write_mixed(StorageIndex *ix, const IxKeys *keys, PyObject *fresh, PyObject *const *args, int64_t seg,
+               int64_t first)
+{
+    static PyObject *put_name = NULL;
+    Py_ssize_t nf = PyList_GET_SIZE(fresh), got;
+    PyObject *slots = args[6], *picked, *r;
+    Ints sv;
+    int loaded = 0;
+    if (seg < 0 || seg >= IX_MAX_SEGMENT || ix_live_room(ix, seg) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (!PyList_CheckExact(slots)) {
+        loaded = ints_load(slots, &sv);
+        if (loaded <= 0) {
+            if (loaded < 0) PyErr_Clear();
+            return -1;
+        }
+    }
+    if ((picked = PyList_New(nf)) == NULL) {
+        if (loaded) ints_free(&sv);
+        PyErr_Clear();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        Py_ssize_t at = PyLong_AsSsize_t(PyList_GET_ITEM(fresh, i));  /* (made by the admit: exact ints) */
+        PyObject *slot;
+        if (at < 0 || at >= (loaded ? sv.n : PyList_GET_SIZE(slots))) {
+            slot = NULL;  /* the old way raises its IndexError */
+        } else {
+            slot = loaded ? PyLong_FromLongLong(sv.v[at]) : Py_NewRef(PyList_GET_ITEM(slots, at));
+        }
+        if (slot == NULL) {
+            PyErr_Clear();
+            Py_DECREF(picked);
+            if (loaded) ints_free(&sv);
+            return -1;
+        }
+        PyList_SET_ITEM(picked, i, slot);
+    }
+    if (loaded) ints_free(&sv);
+    if (put_name == NULL && (put_name = PyUnicode_InternFromString("put")) == NULL) {
+        Py_DECREF(picked);
+        return -2;
+    }
+    {
+        PyObject *call[5] = {args[2], args[3], args[4], args[5], picked};
+        r = PyObject_VectorcallMethod(put_name, call, 5, NULL);
+    }
+    Py_DECREF(picked);
+    got = r == NULL ? -1 : PyLong_AsSsize_t(r);
+    Py_XDECREF(r);
+    if (got == -1 && PyErr_Occurred()) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        ix_drop_loaded(ix, keys);  /* pages that never reached the disk are not in the tier */
+        PyErr_Restore(type, value, tb);
+        return -2;
+    }
+    if (got < 0) return -1;
+    for (Py_ssize_t i = 0; i < nf; i++) {
+        ix->ent[ix->pending[i]].loc = (seg << IX_SLOT_BITS) + first + i;
+    }
+    ix->live[seg] += nf;
+    ix->pending_at = nf;
+    return got;
+}
 
 static PyObject *
 ix_admit_write(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
@@ -978,6 +1058,10 @@ ix_admit_write(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
             ix->live[seg] += n;
             ix->pending_at = n;
         }
+    }
+    else if (fresh != Py_None && n <= capacity && ix->pending_n == PyList_GET_SIZE(fresh) && ix->pending_n > 0 &&
+             ix->pending_n <= room && first >= 0 && first + ix->pending_n <= ((int64_t)1 << IX_SLOT_BITS)) {
+        if ((got = ix_write_mixed(ix, &keys, fresh, args, seg, first)) == -2) goto fail;
     }
     {
         PyObject *w = PyLong_FromSsize_t(got < 0 ? -1 : got);
@@ -1097,6 +1181,63 @@ ix_locs(StorageIndex *ix, PyObject *arg)
         PyList_SET_ITEM(out, i, loc);
     }
 done:
+    ix_keys_release(&keys);
+    return out;
+}
+
+PyDoc_STRVAR(ix_loc_runs_doc,
+"loc_runs(keys) -> [first, count, first, count, ...]\n\n"
+"locs(keys) as runs: the keys in order, a run while each location is the one before + 1 in the\n"
+"same segment (pages adjacent in a file: one read), each run its first location and how many\n"
+"keys it spans. KeyError for a key not there; nothing is touched.");
+
+static PyObject *
+ix_loc_runs(StorageIndex *ix, PyObject *arg)
+{
+    IxKeys keys;
+    PyObject *out = NULL;
+    int64_t small[2 * SMALL_LIST], *runs = small;
+    Py_ssize_t nruns = 0;
+    if (!ix_keys_load(arg, &keys)) return NULL;
+    if (keys.n > SMALL_LIST && (runs = PyMem_Malloc((size_t)keys.n * 2 * sizeof *runs)) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < keys.n; i++) {
+        IxKey k;
+        Py_ssize_t e;
+        int64_t loc;
+        if (keys.v != NULL && i + IX_PREFETCH < keys.n) {
+            __builtin_prefetch(&ix->table[(size_t)IX_TAG(ix_hash_i64(keys.v[i + IX_PREFETCH])) & ix->mask]);
+        }
+        if (ix_keys_at(&keys, i, &k) < 0) goto done;
+        if ((e = ix_find(ix, &k)) < 0) {
+            ix_keyerror_key(&k);
+            goto done;
+        }
+        loc = ix->ent[e].loc;
+        if (nruns > 0) {
+            int64_t last = runs[2 * nruns - 2] + runs[2 * nruns - 1] - 1;
+            if (loc == last + 1 && (loc >> IX_SLOT_BITS) == (last >> IX_SLOT_BITS)) {
+                runs[2 * nruns - 1]++;
+                continue;
+            }
+        }
+        runs[2 * nruns] = loc;
+        runs[2 * nruns + 1] = 1;
+        nruns++;
+    }
+    if ((out = PyList_New(2 * nruns)) == NULL) goto done;
+    for (Py_ssize_t i = 0; i < 2 * nruns; i++) {
+        PyObject *v = PyLong_FromLongLong(runs[i]);
+        if (v == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+done:
+    if (runs != small) PyMem_Free(runs);
     ix_keys_release(&keys);
     return out;
 }
@@ -1250,6 +1391,7 @@ static PyMethodDef ix_methods[] = {
     {"place", (PyCFunction)(void (*)(void))ix_place, METH_FASTCALL, ix_place_doc},
     {"drop_placeholders", (PyCFunction)ix_drop_placeholders, METH_O, ix_drop_placeholders_doc},
     {"locs", (PyCFunction)ix_locs, METH_O, ix_locs_doc},
+    {"loc_runs", (PyCFunction)ix_loc_runs, METH_O, ix_loc_runs_doc},
     {"touch_all", (PyCFunction)ix_touch_all, METH_O, ix_touch_all_doc},
     {"run", (PyCFunction)(void (*)(void))ix_run, METH_FASTCALL, ix_run_doc},
     {"live", (PyCFunction)ix_live, METH_O, ix_live_doc},
