@@ -74,14 +74,20 @@ def test_the_window_load_with_the_run_busy_time_given_is_the_same(planted, lo, h
         con.close()
 
 
-def test_a_read_that_raises_says_so_where_it_is_asked_for(tmp_path, planted):
+def _without_batches(tmp_path, planted):
+    """A read-only connection to a copy of the planted store whose batches table is dropped (the
+    run's busy-time query then raises)."""
     import shutil
 
     copy = tmp_path / "nobatches.duckdb"
     shutil.copy(planted.path, copy)
     with duckdb.connect(str(copy)) as rw:
         rw.execute("DROP TABLE batches")
-    con = duckdb.connect(str(copy), read_only=True)
+    return duckdb.connect(str(copy), read_only=True)
+
+
+def test_a_read_that_raises_says_so_where_it_is_asked_for(tmp_path, planted):
+    con = _without_batches(tmp_path, planted)
     try:
         run = resolve_run(con, None)
         row = queries.request(con, run, "recomp")
@@ -153,13 +159,7 @@ def test_open_store_says_whether_it_read_an_older_schema_through_views(tmp_path,
 def test_a_read_given_is_not_made(tmp_path, planted):
     """A read the caller gives (explain: the run's busy time from the stored run context) is
     answered as given and never queried: on a store without batches, where the query raises."""
-    import shutil
-
-    copy = tmp_path / "nobatches.duckdb"
-    shutil.copy(planted.path, copy)
-    with duckdb.connect(str(copy)) as rw:
-        rw.execute("DROP TABLE batches")
-    con = duckdb.connect(str(copy), read_only=True)
+    con = _without_batches(tmp_path, planted)
     try:
         run = resolve_run(con, None)
         row = queries.request(con, run, "recomp")

@@ -17,6 +17,8 @@ from tierdiag.trace.chain import ChainLinks, _check_chain_slow, _link_chain_c, _
 from tierdiag.trace.lines import BadLine
 from tierdiag.trace.reader import _link_chain, max_hash_id
 
+from tests.trace.test_trace_reader import _links  # the links read at C speed (numpy)
+
 NONE = ChainLinks.NONE
 needs_c = pytest.mark.skipif(cplane.C is None, reason="the compiled data plane is not built")
 IMPLS = [pytest.param(_link_chain_python, id="python"),
@@ -45,12 +47,6 @@ _LINES = st.lists(st.one_of(st.lists(_ID, min_size=1, max_size=8),
                   max_size=12)
 
 
-def _links(links: ChainLinks) -> dict[int, int]:
-    out = {h: p for h, p in enumerate(links._dense) if p != NONE}
-    out.update(links._sparse)
-    return out
-
-
 @pytest.mark.parametrize("link", IMPLS)
 @pytest.mark.parametrize("slack", [ChainLinks.DENSE_SLACK, 0, 3])
 @settings(max_examples=150, deadline=None)
@@ -71,6 +67,7 @@ def test_each_side_keeps_the_loops_links_or_raises_its_message(link, slack, line
                 slow.update(want)
                 link(ids, fast)
             assert _links(fast) == slow and len(fast) == len(slow)
+            assert all(fast.get(h) == slow.get(h) for h in (*ids, -1, 0, 41, 10**6, 2**40))
 
 
 def _dense(*links: int) -> array:

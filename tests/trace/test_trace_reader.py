@@ -17,7 +17,7 @@ import msgspec
 
 from tierdiag.trace import reader as reader_module
 from tierdiag.trace.fields import FieldError, convert as convert_fields
-from tierdiag.trace.reader import (ChainLinks, ReadReport, TraceRequest, BadLine, _check_chain_slow, _link_chain, _loads,
+from tierdiag.trace.reader import (ChainLinks, ReadReport, TraceRequest, BadLine, _loads,
                                    _typed_decoder, line_model, max_hash_id, read_trace, trace_sha256)
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"  # repo root / ../shared
@@ -321,42 +321,8 @@ def test_skip_bad_duplicate_names_the_first_accepted_line(tmp_path, plan):
     for (line, msg), (want_line, fragment) in zip(report.first_bad, expect):
         assert line == want_line and fragment in msg, (line, msg, want_line, fragment)
 
-# Ids the chain check must hold whatever their size: small dense ones (the array), ones far past
-# them (the dict), the largest a line may carry (max_hash_id), and runs of consecutive new ids.
-_CHAIN_ID = st.one_of(st.integers(0, 12), st.integers(0, 40), st.sampled_from([10**6, 2**40, max_hash_id(1) - 1]))
-
-
-@pytest.mark.parametrize("slack", [ChainLinks.DENSE_SLACK, 0, 3])
-@settings(max_examples=300, deadline=None)
-@given(lines=st.lists(st.one_of(st.lists(_CHAIN_ID, min_size=1, max_size=8),
-                                st.integers(0, 30).map(lambda n: list(range(n, n + 5))),
-                                # a known prefix, then new ids counting up (ChainLinks.add_run), also
-                                # far past the array (its dict) and up to the largest id a line may hold
-                                st.tuples(st.lists(st.integers(0, 12), max_size=3),
-                                          st.sampled_from([13, 20, 38, 10**6, 2**40, max_hash_id(1) - 6]),
-                                          st.integers(1, 6)).map(lambda t: t[0] + list(range(t[1], t[1] + t[2])))),
-                      max_size=12))
-def test_fast_chain_check_adds_the_links_or_raises_as_the_loop_does(slack, lines):
-    # _link_chain answers the usual line (seen ids, then new ones) without a Python loop; on
-    # every line it must keep the links (or raise the message) of the plain loop over a dict,
-    # and add no link for a line it rejects. `slack`: how far past the ids held the array may
-    # grow (small: ids go to the dict first, then move into the array as it grows).
-    fast = ChainLinks()
-    slow: dict[int, int] = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ChainLinks, "DENSE_SLACK", slack)
-        for ids in map(tuple, lines):
-            try:
-                want = _check_chain_slow(ids, slow)
-            except BadLine as exc:
-                with pytest.raises(BadLine) as got:
-                    _link_chain(ids, fast)
-                assert str(got.value) == str(exc)
-            else:
-                slow.update(want)
-                _link_chain(ids, fast)
-            assert _links(fast) == slow and len(fast) == len(slow)
-            assert all(fast.get(h) == slow.get(h) for h in (*ids, -1, 0, 41, 10**6, 2**40))
+# The chain check's property (each side against the plain loop over a dict) is
+# tests/trace/test_trace_chain.py's; `_links` below is its reader of the links.
 
 
 def _links(links: ChainLinks) -> dict[int, int]:
