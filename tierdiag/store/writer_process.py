@@ -83,18 +83,19 @@ WRITE_COST_SHARE = 0.1
 # vacuum freed, which the store's next writes reuse); every 4th write: -25 %, +27 %. The close
 # never vacuums.
 VACUUM_EVERY = 2
-# ... and, once a table of the run holds a row group of DuckDB's (122,880 rows), only once the
-# rows written since the last vacuum fill one in the table with the most, or VACUUM_MOST_WRITES
-# writes have left theirs (`vacuum_due`, writer_serve.py): a vacuum rewrites the table's trailing row groups it merges (the last full
-# one's partial successor included), so merging a row group's worth of small ones at once rewrites
-# each row fewer times than merging every two writes' (issue 41: the writes' checkpoints were 42 %
-# of the writer's CPU at 200k synth requests, about half of it the vacuum; benchmarks/README.md,
-# session 29 h41m1h and session 30 h41m1i). A quiet 1M replay's writes carry ~5 s of rows each,
-# a row group's worth and more: they vacuum every VACUUM_EVERY-th write as before; a loaded
-# machine's carry a few thousand rows and vacuum less often (24 writes of ~20k evictions each into
-# a 400k-request store, benchmarks/write_memory.py: the writes' CPU 7.20 -> 5.72 s). A run whose
-# tables stay short of a row group (the conversation trace, a few thousand synth requests) is
-# written as before: every VACUUM_EVERY-th write vacuums.
+# ... and, once a table of the run holds a row group of DuckDB's (122,880 rows), only once the rows
+# written since the last vacuum fill one in the table with the most, or VACUUM_MOST_WRITES writes
+# have left theirs (`vacuum_due`, writer_serve.py): a vacuum rewrites the table's trailing row
+# groups it merges (the last full one's partial successor included), so merging a row group's worth
+# of small ones at once rewrites each row fewer times than merging every two writes' (issue 41: the
+# writes' checkpoints were 42 % of the writer's CPU at 200k synth requests, about half of it the
+# vacuum; benchmarks/README.md, session 29 h41m1h and session 30 h41m1i). A quiet 1M replay's writes
+# carry ~5 s of rows each, a row group's worth and more: they vacuum every VACUUM_EVERY-th write as
+# before; a loaded machine's carry a few thousand rows and vacuum less often (24 writes of ~20k
+# evictions each into a 400k-request store, benchmarks/write_memory.py: the writes' CPU 7.49 -> 5.82
+# s, medians; the writer's peak ~50-65 MB higher on a 1M run, lead session 30). A run whose tables
+# stay short of a row group (the conversation trace, a few thousand synth requests) is written as
+# before: every VACUUM_EVERY-th write vacuums.
 VACUUM_ROWS = 122_880
 VACUUM_MOST_WRITES = 8
 BATCH_ROWS = 8_192  # the recorder hands rows over this often with a writer process (inline: 250k)
