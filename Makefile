@@ -67,11 +67,14 @@ demo: setup $(VENV)/.engine-core
 # (pytest-xdist; each test file stays on one worker, so a file's shared replays run once);
 # TEST_JOBS=0 runs it in this process. `make test-fast`: the same without the slow tier
 # (the `slow` marker, pyproject.toml), for a quick check while developing.
+# PYTEST_ARGS: more pytest options (CI's .ci/run: `--durations=40`, the slowest tests' walls in
+# every CI log, the map each session's test-time work starts from).
 TEST_JOBS ?= 2
 PYTEST_XDIST := -n $(TEST_JOBS) --dist loadfile
+PYTEST_ARGS ?=
 
 test: setup $(VENV)/.engine-core
-	$(BIN)/python -m pytest -q $(PYTEST_XDIST)
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 test-fast: setup $(VENV)/.engine-core
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not slow"

@@ -122,9 +122,14 @@ def test_unknown_request_id_suggests_close_ids(store):
     tierdiag_in_process("explain", "zzz", "--db", store).fails(5, "no request 'zzz'")
 
 
-def test_a_store_held_by_a_writer_is_reported_busy(tmp_path, store):
+def test_a_store_held_by_a_writer_is_reported_busy(tmp_path, store, monkeypatch):
+    import tierdiag.store.reader as reader
+
     db = tmp_path / "s.duckdb"
     shutil.copy(store, db)
+    # The reader retries for 0.3 s, not its 3 s, before it says busy (the same retries and answer;
+    # the holder never lets go inside the block, so the 2.7 s more were idle time).
+    monkeypatch.setitem(reader.connect_with_retry.__kwdefaults__, "wait_s", 0.3)
     with holder(db, read_only=False) as pid:
         tierdiag_in_process("runs", "--db", db).fails(4, str(db), "is busy", f"process {pid}")
     assert runs(db, process=False)[0]["status"] == "complete"  # and once it lets go, readers are back
@@ -137,17 +142,52 @@ def test_readers_share_the_file(tmp_path, store):
         assert runs(db, process=False)[0]["name"] == "conversation"
 
 
+@contextlib.contextmanager
+def _writes_refused(path):
+    """`refused(n)` returns once `path` was opened for writing and closed `n` times since the block
+    began (inotify's IN_CLOSE_WRITE: a replay's write open that DuckDB's lock refused, closed at
+    once; a read-only open is IN_CLOSE_NOWRITE); where inotify is missing, after 5 s instead. It
+    replaced a fixed 5 s sleep, which was idle time, and no proof the replay had tried yet."""
+    import ctypes
+    import select
+    import struct
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_CLOEXEC) if hasattr(libc, "inotify_init1") else -1
+    if fd < 0 or libc.inotify_add_watch(fd, os.fsencode(path), 0x08) < 0:  # 0x08: IN_CLOSE_WRITE
+        if fd >= 0:
+            os.close(fd)
+        yield lambda n: time.sleep(5)
+        return
+
+    def refused(n: int) -> None:
+        seen, deadline = 0, time.monotonic() + 240
+        while seen < n:
+            assert select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0], \
+                f"{path}: {seen} refused write opens in 240 s, not {n}"
+            data = os.read(fd, 4096)
+            while data:  # struct inotify_event: wd, mask, cookie, len, then len bytes of name
+                _, mask, _, size = struct.unpack_from("iIII", data)
+                seen += bool(mask & 0x08)
+                data = data[16 + size:]
+
+    try:
+        yield refused
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.slow
 def test_a_replay_waits_for_a_reader_to_let_go(tmp_path, store):
     """DuckDB keeps a writer out while a reader holds the file: the replay waits, then writes."""
     db = tmp_path / "s.duckdb"
     shutil.copy(store, db)
     trace = write_trace(tmp_path / "t.jsonl", [line(10 * i, 900, [1, 2 + i]) for i in range(10)])
-    with holder(db, read_only=True):
+    with holder(db, read_only=True), _writes_refused(db) as refused:
         proc = subprocess.Popen([sys.executable, "-c", "from tierdiag.cli.main import main; main()", "replay",
                                  str(trace), "--db", str(db), *SMALL], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        time.sleep(5)  # long enough for the replay to start and find the file held
+        refused(2)  # the replay found the file held, and tried again: it waits
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert [r["status"] for r in runs(db, process=False)] == ["complete", "complete"]
