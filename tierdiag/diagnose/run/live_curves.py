@@ -32,7 +32,8 @@ itself (`whole_pass` over every row at once), as it does where no writer process
 run. Both give the same depths (tests/diagnose/test_live_curves.py).
 
 The keys are dense ids (`TraceIndex`: the trace's distinct page keys numbered once, while the run
-is recorded), so a key's previous touch is one array read (`new_stack`: compiled, or its Python
+is recorded; for an unsampled trace of plain hash_ids lines, numbered from its hash ids without
+the keys being made: `block_ids`), so a key's previous touch is one array read (`new_stack`: compiled, or its Python
 twin `StackPython`) instead of a sort of every touch at the close; a request's output pages are
 touched once and never looked up again: id -1. A run over the touch budget (size_curves.py
 MAX_TOUCHES) is fed so too, sampled: the index holds only the keys the sample keeps (at the rate
