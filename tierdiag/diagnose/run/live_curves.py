@@ -32,7 +32,8 @@ itself (`whole_pass` over every row at once), as it does where no writer process
 run. Both give the same depths (tests/diagnose/test_live_curves.py).
 
 The keys are dense ids (`TraceIndex`: the trace's distinct page keys numbered once, while the run
-is recorded), so a key's previous touch is one array read (`new_stack`: compiled, or its Python
+is recorded; for an unsampled trace of plain hash_ids lines, numbered from its hash ids without
+the keys being made: `block_ids`), so a key's previous touch is one array read (`new_stack`: compiled, or its Python
 twin `StackPython`) instead of a sort of every touch at the close; a request's output pages are
 touched once and never looked up again: id -1. A run over the touch budget (size_curves.py
 MAX_TOUCHES) is fed so too, sampled: the index holds only the keys the sample keeps (at the rate
@@ -264,6 +265,17 @@ class TraceIndex:
         n_ids = dense_ids(flat, lens)
         return cls(seq, off, lens, flat, n_ids, arrival_ns, pred)
 
+    @classmethod
+    def of_blocks(cls, seq, hids, blocks, lens, per_block: int, arrival_ns=None, pred=None) -> "TraceIndex":
+        """From every request's hash ids (`blocks` of each, end to end, in trace order) and how
+        many of its pages it has (`lens`), `per_block` pages a block: `block_ids`, the page keys
+        never made; the same pass as `of_flat` of those pages' keys (other ids, the same answers)."""
+        lens = np.asarray(lens, dtype=np.int64)
+        off = np.zeros(len(lens), dtype=np.int64)
+        np.cumsum(lens[:-1], out=off[1:])
+        rev, n_ids = block_ids(hids, blocks, lens, per_block)
+        return cls(seq, off, lens, rev, n_ids, arrival_ns, pred)
+
 
 def _dense_ids_numpy(flat: np.ndarray, lens: np.ndarray) -> int:
     """The reference of the compiled `dense_ids` (stackdist.c says what it writes): each key
@@ -307,6 +319,58 @@ def dense_ids(flat: np.ndarray, lens: np.ndarray) -> int:
             if made is not None:
                 return int(made(flat, np.ascontiguousarray(lens, dtype=np.int64)))
     return _dense_ids_numpy(flat, lens)
+
+
+def _block_ids_numpy(hids, blocks, lens, per_block: int) -> tuple[np.ndarray, int]:
+    """The reference of the compiled `block_ids` (stackdist.c says what it writes, the same
+    numbers): the hash ids numbered in the order they first come (a stable sort, as
+    `_dense_ids_numpy`), each page's id its block's number x per_block + its place in the block,
+    each request's pages reversed."""
+    hids = np.asarray(hids, dtype=np.int64)
+    blocks = np.asarray(blocks, dtype=np.int64)
+    lens = np.asarray(lens, dtype=np.int64)
+    per = int(per_block)
+    if (not 1 <= per < 2**31 or len(blocks) != len(lens) or (blocks < 0).any() or int(blocks.sum()) != len(hids)
+            or (lens < 0).any() or (lens > blocks * per).any()):
+        raise ValueError("block_ids: hids, blocks, lens and out are int64, blocks >= 0 adding up to the hids, "
+                         "0 <= lens <= blocks x per_block adding up to out, 1 <= per_block < 2**31")
+    num = hids.copy()
+    d = _dense_ids_numpy(num, np.array([len(num)], dtype=np.int64))
+    num = num[::-1]  # one request of every hash id: its numbers came back reversed
+    total = int(lens.sum())
+    off = np.cumsum(lens) - lens
+    p = np.arange(total, dtype=np.int64) - np.repeat(off, lens)  # each page's place in its request
+    first = np.cumsum(blocks) - blocks  # each request's first hash id
+    ids = num[np.repeat(first, lens) + p // per] * per + p % per
+    out = np.empty(total, dtype=np.int64)
+    out[np.repeat(2 * off + lens - 1, lens) - np.arange(total, dtype=np.int64)] = ids  # each request's backwards
+    return out, d * per
+
+
+def block_ids(hids, blocks, lens, per_block: int) -> tuple[np.ndarray, int]:
+    """(each request's page ids end to end, each request's reversed; how many ids) of requests of
+    `blocks` hash ids each (`hids` end to end) and their first `lens` pages, `per_block` pages a
+    block: a page's id is its hash id's dense number x per_block + its place in the block (a
+    plain hash_ids trace's page keys are hash id x per_block + that place: trace/pages.py), so
+    the index is made from the hash ids, 1 / per_block of the keys, the keys never made (issue
+    41: the writer's read-ahead). Compiled (stackdist.c), or `_block_ids_numpy` (the same numbers)
+    where the module is absent or TIERDIAG_CPLANE is `numpy`."""
+    import os
+
+    if os.environ.get("TIERDIAG_CPLANE", "").strip().lower() != "numpy":
+        try:
+            from tierdiag.native import _stackdist
+        except ImportError:
+            pass
+        else:
+            made = getattr(_stackdist, "block_ids", None)  # None: a module built before it (not rebuilt)
+            if made is not None:
+                lens = np.ascontiguousarray(lens, dtype=np.int64)
+                out = np.empty(int(lens.sum()) if len(lens) else 0, dtype=np.int64)
+                n = made(np.ascontiguousarray(hids, dtype=np.int64), np.ascontiguousarray(blocks, dtype=np.int64),
+                         lens, int(per_block), out)
+                return out, int(n)
+    return _block_ids_numpy(hids, blocks, lens, per_block)
 
 
 def narrow(values) -> np.ndarray:

@@ -688,6 +688,14 @@ def _chunk_keys(reqs, page: int, block: int):
     of them (`pages._block_page_keys_numpy`, a request at a time; tests hold the two equal), and
     distinct (`_trace_pages`). None where a request is another kind, or the sizes are ones
     `page_keys_array` refuses (it then says why, a request at a time)."""
+    made = _chunk_hids(reqs, page, block)
+    return None if made is None else _hid_keys(*made)
+
+
+def _chunk_hids(reqs, page: int, block: int):
+    """(hash ids end to end, hash ids a request, pages a request, pages a block) of requests read
+    by read_trace where every one is a plain hash_ids line (`_chunk_keys`, whose keys these make:
+    `_hid_keys`), else None."""
     import numpy as np
     from itertools import chain
 
@@ -705,17 +713,46 @@ def _chunk_keys(reqs, page: int, block: int):
     del hids
     want = np.fromiter((r.input_len for r in reqs), dtype=np.int64, count=n) // page
     lens = np.minimum(want, blocks * per_block)  # the keys a request has: its blocks' pages, at most
+    return ids, blocks, lens, per_block
+
+
+def _hid_keys(hids, blocks, lens, per_block: int):
+    """(keys end to end, keys a request, each key's place in its request) of `_chunk_hids`' hash
+    ids: page j of a request's block b is its hash id x per_block + j, its first `lens` kept."""
+    import numpy as np
+
+    ids = hids
     if per_block > 1:
-        ids *= per_block
-        ids = (ids[:, None] + np.arange(per_block, dtype=np.int64)).reshape(-1)
-        blocks *= per_block
+        ids = ((hids * per_block)[:, None] + np.arange(per_block, dtype=np.int64)).reshape(-1)
+        blocks = blocks * per_block
     # Each id's (page's) place in its request, then only the first `lens` of each kept.
     starts = np.cumsum(blocks) - blocks
     at = np.arange(len(ids), dtype=np.int64) - np.repeat(starts, blocks)
     sel = at < np.repeat(lens, blocks)
     if not sel.all():
         ids, at = ids[sel], at[sel]
+    elif ids is hids:
+        ids = hids.copy()  # the caller's hash ids are not the keys handed out
     return ids, lens, at
+
+
+class _HashIds:
+    """A chunk of plain hash_ids requests as `_Pages` keeps it while unsampled: their hash ids
+    (`_chunk_hids`), not their page keys, which the index never needs (live_curves.TraceIndex
+    `of_blocks`: a page's id from its hash id's; issue 41: the writer's keys, ~per_block x the
+    hash ids, never made); `key_chunk` makes what `_Pages` keeps of a chunk otherwise."""
+
+    __slots__ = ("hids", "blocks", "lens", "look", "per_block")
+
+    def __init__(self, hids, blocks, lens, look, per_block: int):
+        self.hids, self.blocks, self.lens, self.look, self.per_block = hids, blocks, lens, look, per_block
+
+    def key_chunk(self):
+        """(keys, looked up, keys a request), as `_Pages._close_chunk` keeps a chunk of keys."""
+        import numpy as np
+
+        keys, lens, at = _hid_keys(self.hids, self.blocks, self.lens, self.per_block)
+        return keys, at < np.repeat(self.look, lens), lens
 
 
 def _touches_of(input_len, output_len, page: int):
@@ -810,6 +847,7 @@ class _Pages:
         import numpy as np
 
         at = None  # each kept key's place in its request's keys, where the chunk's keys made it
+        made = None  # the chunk's hash ids (`_chunk_hids`), where its requests are plain hash_ids lines
         if self._reqs:
             reqs, self._reqs = self._reqs, []
             line = [r.line for r in reqs]
@@ -819,12 +857,12 @@ class _Pages:
             arrival = [r.arrival_ns for r in reqs]
             session = [r.session for r in reqs]
             output_len = [r.output_len for r in reqs]
-            made = _chunk_keys(reqs, self.page, self.block)
+            made = _chunk_hids(reqs, self.page, self.block)
             if made is None:
                 key_parts = [_request_keys(r, self.page, self.block) for r in reqs]
             else:
                 key_parts = None
-                keys, lens, at = made
+                hids, blocks, lens, per_block = made
             del reqs
         elif self._keys:
             rows, key_parts = self._rows, self._keys
@@ -866,6 +904,12 @@ class _Pages:
                 self._resample(rate)
         # Each request's first pages looked up (those before its last input token).
         look = np.minimum(np.maximum((inp - 1) // self.page, 0), lens)
+        if made is not None:
+            if self.keep is None:  # unsampled: the hash ids kept, their keys made only if needed
+                self.chunks.append(_HashIds(hids, blocks, lens, look, per_block))
+                return
+            keys, lens, at = _hid_keys(hids, blocks, lens, per_block)
+            del hids, blocks
         if key_parts is not None:
             keys = np.concatenate(key_parts).astype(np.int64, copy=False) if key_parts else np.zeros(0, np.int64)
             del key_parts
@@ -879,7 +923,14 @@ class _Pages:
         del at
         self.chunks.append((keys, looked, lens))
 
+    def key_chunks(self) -> list:
+        """The chunks as (keys, looked up, keys a request) each, the hash ids kept of any
+        (`_HashIds`) made into their keys now (a sample, or the close's lines, need the keys)."""
+        self.chunks = [c.key_chunk() if isinstance(c, _HashIds) else c for c in self.chunks]
+        return self.chunks
+
     def _resample(self, rate: float) -> None:
+        self.key_chunks()
         self.rate, self.keep = rate, _sampler(rate)
         for c, (keys, looked, lens) in enumerate(self.chunks):
             sel = self.keep(keys)
@@ -900,7 +951,7 @@ class _Pages:
         """(line, seq, req_id's hash, input length, distinct page keys) of each request, in order
         (an unsampled read only: every key kept)."""
         i = 0
-        for keys, _, lens in self.chunks:
+        for keys, _, lens in self.key_chunks():
             at = 0
             for ln in lens.tolist():
                 yield self.line[i], self.seq[i], self.req_hash[i], self.input_len[i], keys[at:at + ln]
@@ -913,6 +964,26 @@ class _Pages:
 
         from tierdiag.diagnose.run import live_curves
 
+        chunks = self.chunks
+        if (chunks and not self.sampled and all(isinstance(c, _HashIds) for c in chunks)
+                and len({c.per_block for c in chunks}) == 1):
+            # Every chunk plain hash_ids lines, unsampled: the pages' ids from the hash ids
+            # (live_curves.block_ids), the keys never made (issue 41: ~1/3 of the read-ahead and
+            # index's CPU on the conversation trace).
+            self.chunks = []
+            cat = np.concatenate
+            index = live_curves.TraceIndex.of_blocks(np.frombuffer(self.seq, dtype=np.int64),
+                                                     cat([c.hids for c in chunks]), cat([c.blocks for c in chunks]),
+                                                     cat([c.lens for c in chunks]), chunks[0].per_block,
+                                                     np.frombuffer(self.arrival, dtype=np.int64),
+                                                     np.frombuffer(self.pred, dtype=np.int32))
+            del chunks
+            index.lines_are(np.frombuffer(self.line, dtype=np.int32), (),
+                            np.frombuffer(self.input_len, dtype=np.int32),
+                            hashes=np.frombuffer(self.req_hash, dtype=np.int64))
+            return index
+        del chunks
+        self.key_chunks()
         lens = np.concatenate([c[2] for c in self.chunks]) if self.chunks else np.zeros(0, dtype=np.int64)
         looks = None
         if self.sampled:  # a request's looked-up keys are its first kept ones: how many

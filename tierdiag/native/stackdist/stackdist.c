@@ -267,6 +267,95 @@ static PyObject *dense_ids(PyObject *self, PyObject *args) {
     return PyLong_FromLong((long)used);
 }
 
+/* block_ids(hids, blocks, lens, per_block, out) -> the number of ids, d x per_block (d: distinct
+ * hash ids): the live pass's index made from the trace's hash ids, not from its page keys
+ * (diagnose/run/live_curves.py `block_ids`, whose numpy `_block_ids_numpy` is the reference and
+ * writes the same numbers). Request i has blocks[i] hash ids (hids end to end) and its first
+ * lens[i] pages (at most blocks[i] x per_block): page p is page p % per_block of its block
+ * p / per_block, whose key is hash id x per_block + p % per_block (trace/pages.py), so a page's
+ * id is the dense number of its hash id (0 .. d - 1, in the order the hash ids first come) x
+ * per_block + p % per_block: distinct pages, distinct ids, as dense_ids would number their keys
+ * (differently named: the stack's answers do not depend on names). Written to out (int64, the
+ * requests' pages end to end, each request's backwards: deepest first). One hash-table pass over
+ * the hash ids (a plain hash_ids trace: 1 / per_block of its pages, issue 41: the writer's keys
+ * never made), the table as dense_ids keeps it. */
+static PyObject *block_ids(PyObject *self, PyObject *args) {
+    Py_buffer hbuf, bbuf, lbuf, obuf;
+    long long per;
+    if (!PyArg_ParseTuple(args, "y*y*y*Lw*", &hbuf, &bbuf, &lbuf, &per, &obuf)) return NULL;
+    Py_ssize_t n = hbuf.len / 8, g = bbuf.len / 8, m = obuf.len / 8;
+    const int64_t *hs = (const int64_t *)hbuf.buf, *bl = (const int64_t *)bbuf.buf, *ln = (const int64_t *)lbuf.buf;
+    int64_t *out = (int64_t *)obuf.buf;
+    int bad = hbuf.len % 8 || bbuf.len % 8 || lbuf.len % 8 || obuf.len % 8 || lbuf.len != bbuf.len
+              || per < 1 || per >= INT32_MAX;
+    int64_t tb = 0, tl = 0;
+    for (Py_ssize_t i = 0; !bad && i < g; i++) {
+        if (bl[i] < 0 || bl[i] > n - tb || ln[i] < 0 || ln[i] > bl[i] * per || ln[i] > m - tl) bad = 1;
+        else { tb += bl[i]; tl += ln[i]; }
+    }
+    if (bad || tb != n || tl != m) {
+        PyErr_SetString(PyExc_ValueError, "block_ids: hids, blocks, lens and out are int64, blocks >= 0 adding up "
+                        "to the hids, 0 <= lens <= blocks x per_block adding up to out, 1 <= per_block < 2**31");
+        PyBuffer_Release(&hbuf); PyBuffer_Release(&bbuf); PyBuffer_Release(&lbuf); PyBuffer_Release(&obuf);
+        return NULL;
+    }
+    if (n >= INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "block_ids: 2**31 hash ids or more");
+        PyBuffer_Release(&hbuf); PyBuffer_Release(&bbuf); PyBuffer_Release(&lbuf); PyBuffer_Release(&obuf);
+        return NULL;
+    }
+    int bits = 10, failed = 0;
+    while (bits < 22 && ((size_t)1 << bits) * 3 < (size_t)n * 4) bits++;
+    size_t cap = (size_t)1 << bits;
+    int32_t used = 0;
+    sd_slot_t *tab = malloc(cap * sizeof(sd_slot_t));
+    int32_t *num = malloc((size_t)(n ? n : 1) * sizeof(int32_t)); /* each hash id's number */
+    if (!tab || !num) {
+        free(tab); free(num);
+        PyBuffer_Release(&hbuf); PyBuffer_Release(&bbuf); PyBuffer_Release(&lbuf); PyBuffer_Release(&obuf);
+        return PyErr_NoMemory();
+    }
+    for (size_t i = 0; i < cap; i++) tab[i].id = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t t = 0; t < n; t++) {
+        if (4 * ((size_t)used + 1) > 3 * cap) { /* grow, as dense_ids does */
+            size_t ncap = cap * 2;
+            sd_slot_t *ntab = malloc(ncap * sizeof(sd_slot_t));
+            if (!ntab) { failed = 1; break; }
+            for (size_t i = 0; i < ncap; i++) ntab[i].id = -1;
+            for (size_t i = 0; i < cap; i++) {
+                if (tab[i].id < 0) continue;
+                uint64_t j = sd_slot(tab[i].key, bits + 1);
+                while (ntab[j].id >= 0) j = (j + 1) & (ncap - 1);
+                ntab[j] = tab[i];
+            }
+            free(tab);
+            tab = ntab; cap = ncap; bits += 1;
+        }
+        if (t + SD_AHEAD < n) __builtin_prefetch(&tab[sd_slot(hs[t + SD_AHEAD], bits)]);
+        int64_t key = hs[t];
+        uint64_t j = sd_slot(key, bits);
+        while (tab[j].id >= 0 && tab[j].key != key) j = (j + 1) & (cap - 1);
+        if (tab[j].id < 0) { tab[j].key = key; tab[j].id = used++; }
+        num[t] = tab[j].id;
+    }
+    if (!failed) {
+        Py_ssize_t a = 0, o = 0;
+        for (Py_ssize_t i = 0; i < g; i++) { /* each request's pages, backwards */
+            int64_t L = ln[i];
+            for (int64_t p = 0; p < L; p++)
+                out[o + L - 1 - p] = (int64_t)num[a + p / per] * per + p % per;
+            a += (Py_ssize_t)bl[i];
+            o += (Py_ssize_t)L;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(tab); free(num);
+    PyBuffer_Release(&hbuf); PyBuffer_Release(&bbuf); PyBuffer_Release(&lbuf); PyBuffer_Release(&obuf);
+    if (failed) return PyErr_NoMemory();
+    return PyLong_FromLongLong((long long)used * per);
+}
+
 
 /* ------------------------------------------------------------------------------------------------
  * Stack: the same pass fed a group at a time, as the touches come (the close's pass, and the one a
@@ -533,6 +622,7 @@ static PyMethodDef methods[] = {
     {"depths", depths, METH_VARARGS, "LRU stack depths of grouped touches, written over prev (size_curves.py)."},
     {"previous", previous, METH_VARARGS, "Each touch's key written over with its previous touch's position (size_curves.py)."},
     {"dense_ids", dense_ids, METH_VARARGS, "Each key written over with its dense id, each request's reversed (live_curves.py)."},
+    {"block_ids", block_ids, METH_VARARGS, "Each request's pages' ids from its hash ids, reversed (live_curves.py)."},
     {NULL, NULL, 0, NULL},
 };
 
