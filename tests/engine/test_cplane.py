@@ -80,7 +80,6 @@ def test_every_pair_takes_the_side_the_facade_chose():
         "pagemap.blame": pagemap.blame, "pagemap.PageMap.set_many": pagemap.PageMap.set_many,
         "pages.block_page_keys": pages.block_page_keys,
         "pages.extend_output_keys": pages.extend_output_keys, "pages.keys_list": pages.keys_list,
-        "pages.append_output_keys": pages.append_output_keys,
         "decode.append_output_keys": schedule_common.append_output_keys,
         "storage.index": storage.new_index,
         "recorder.row_buffer": recorder.new_row_buffer,

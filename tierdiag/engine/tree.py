@@ -13,7 +13,7 @@ Residency invariants (checked by tests):
 
 from __future__ import annotations
 
-from heapq import heappop, heappush  # names, not the module's attributes: a look-up a call fewer
+from heapq import heapify, heappop, heappush  # names, not the module's attributes: a look-up a call fewer
 from typing import Any, Final, cast
 
 from tierdiag.config.policies import EVICTION_POLICIES, EvictionPolicy
@@ -25,6 +25,7 @@ from tierdiag.native import cplane
 # dict at every use (~130 instructions; issue 41, session 24)
 _HEAPPUSH: Final = heappush
 _HEAPPOP: Final = heappop
+_HEAPIFY: Final = heapify
 # lru's heap entries are single ints, key << _ID_BITS | node id (RadixTree._lru_entry): node ids
 # stay below 2**_ID_BITS (a replay makes a few million nodes)
 _ID_BITS: Final = 48
@@ -34,6 +35,15 @@ _ID_MASK: Final = (1 << 48) - 1
 # int each: ~900 instructions an entry, ~400 an id; issue 41, session 27)
 _C_LRU_ENTRY: Final[Any] = cplane.compiled("lru_entry")
 _C_LRU_ID: Final[Any] = cplane.compiled("lru_id")
+# lru's heaps as C structs (native/csrc/lru_heap.c; None on the numpy data plane): an entry is
+# (ns, seq, id), three int64s in the int entry's order where its stamp is in range, pushed and
+# popped in one C call each, where the list heap's pushes and pops were big-int compares (~650
+# instructions a pop) and each stamp's entry a big int made (issue 41, session 31). A stamp it
+# cannot hold turns the tree's heaps into the list heaps (RadixTree._to_list_heaps).
+_C_LRU_HEAP: Final[Any] = cplane.compiled("LruHeap")
+_C_LRU_PUSH: Final[Any] = cplane.compiled("lru_push")
+_C_LRU_POP: Final[Any] = cplane.compiled("lru_pop")
+_C_LRU_FRESH: Final[Any] = cplane.compiled("lru_fresh")
 
 __all__ = ["RadixTree", "TreeInsert", "TreeMatch", "TreeNode"]
 
@@ -122,10 +132,12 @@ class RadixTree:
         self.device_pages = 0  # pages of tree nodes on device (the root holds none)
         self.locked_device_pages = 0
         self.locked_host_pages = 0
-        self._device_heap: list = []
-        self._host_heap: list = []
-        # lru: the heaps hold ints (_lru_entry), and a popped entry's node is found by its id
+        # lru: the heaps are C heaps of (ns, seq, id) entries (_C_LRU_HEAP) while every stamp
+        # fits them, else lists of ints (_lru_entry); a popped entry's node is found by its id
         # here (every node in the tree but the root, from its creation to its delete)
+        self._c_heaps: bool = self._lru_key and _C_LRU_HEAP is not None
+        self._device_heap: Any = _C_LRU_HEAP() if self._c_heaps else []
+        self._host_heap: Any = _C_LRU_HEAP() if self._c_heaps else []
         self._by_id: dict[int, TreeNode] = {}
         # UnifiedTreeCore.full_host_duplicates (0.5.23): nodes whose KV was on both tiers when
         # last registered, in registration order (a backup's ack, a split, a refill, a load-back);
@@ -614,6 +626,10 @@ class RadixTree:
     def _push_device(self, node: TreeNode) -> None:
         if self.device_evictable(node):
             if self._lru_key:
+                if self._c_heaps:
+                    if _C_LRU_PUSH(self._device_heap, node.last_access_ns, node.access_seq, node.id):
+                        return
+                    self._to_list_heaps()
                 _HEAPPUSH(self._device_heap, self._lru_entry(node))
             else:
                 _HEAPPUSH(self._device_heap, (self.priority(node), node.id, node))
@@ -621,11 +637,34 @@ class RadixTree:
     def _push_host(self, node: TreeNode) -> None:
         if self.host_evictable(node):
             if self._lru_key:
+                if self._c_heaps:
+                    if _C_LRU_PUSH(self._host_heap, node.last_access_ns, node.access_seq, node.id):
+                        return
+                    self._to_list_heaps()
                 _HEAPPUSH(self._host_heap, self._lru_entry(node))
             else:
                 _HEAPPUSH(self._host_heap, (self.priority(node), node.id, node))
 
-    def _pop(self, heap: list, device: bool) -> TreeNode | None:
+    def _to_list_heaps(self) -> None:
+        """The C heaps turned into lru's list heaps of int entries, for good: a stamp the C
+        cannot hold (a negative time, one past 2**63, not an int) goes where any int goes. Each
+        entry becomes the int of the same order (_lru_entry's expression), so the entries popped
+        after are those the list heaps would have popped all along."""
+        if not self._c_heaps:
+            return
+        self._c_heaps = False
+        device: list[int] = []
+        for ns, seq, nid in self._device_heap.items():
+            device.append((((ns << 64) | seq) << _ID_BITS) | nid)
+        host: list[int] = []
+        for ns, seq, nid in self._host_heap.items():
+            host.append((((ns << 64) | seq) << _ID_BITS) | nid)
+        _HEAPIFY(device)
+        _HEAPIFY(host)
+        self._device_heap = device
+        self._host_heap = host
+
+    def _pop(self, heap: Any, device: bool) -> TreeNode | None:
         """The next victim of the device heap (`device`) or the host heap. The entry is typed
         and the check named (not a callable passed in, not a tuple unpacked): compiled, the
         entry's items are read in place and the check is a native call, where an unpack of
@@ -646,9 +685,11 @@ class RadixTree:
             return node
         return None
 
-    def _pop_lru(self, heap: list, device: bool) -> TreeNode | None:
+    def _pop_lru(self, heap: Any, device: bool) -> TreeNode | None:
         """`_pop` on lru's int entries: the node by its id (a deleted node's entries find none,
         as the tuple's node failed the evictable check once detached), then the same checks."""
+        if self._c_heaps:
+            return self._pop_lru_c(heap, device)
         # (keys Any to mypyc: the id the C hands back is looked up as the object it is, not
         # unboxed into an int and boxed again)
         by_id: dict[Any, TreeNode] = cast("dict[Any, TreeNode]", self._by_id)
@@ -666,6 +707,26 @@ class RadixTree:
                 continue
             return node
         return None
+
+    def _pop_lru_c(self, heap: Any, device: bool) -> TreeNode | None:
+        """`_pop_lru` on the C heaps: lru_pop takes entries off until one's id finds a node
+        and hands the node out; the checks are `_pop_lru`'s, in its order, the entry's stamp
+        compared in C (lru_fresh) and a stale one's current entry pushed back (a stamp the C
+        cannot hold: the list heaps from here on, the node's entry pushed there)."""
+        by_id: dict[Any, TreeNode] = cast("dict[Any, TreeNode]", self._by_id)
+        while True:
+            node: TreeNode | None = _C_LRU_POP(heap, by_id)
+            if node is None:
+                return None
+            if not (self.device_evictable(node) if device else self.host_evictable(node)):
+                continue
+            if _C_LRU_FRESH(heap, node.last_access_ns, node.access_seq):
+                return node
+            if not _C_LRU_PUSH(heap, node.last_access_ns, node.access_seq, node.id):
+                self._to_list_heaps()
+                heap = self._device_heap if device else self._host_heap
+                _HEAPPUSH(heap, self._lru_entry(node))
+                return self._pop_lru(heap, device)
 
     def pop_device_victim(self) -> TreeNode | None:
         return self._pop(self._device_heap, True)

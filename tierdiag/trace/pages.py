@@ -139,18 +139,9 @@ def append_output_keys_py(req_id: str, keys: list[int], n_in: int, n_total: int)
     or a key run) up to `n_total` pages, and no array made. A finish's (DecodeSteps._finish): the
     request's `keys_np` is read by no one after it, and the whole-list array a finish made was a
     copy of every key and a large allocation a request (issue 41, session 24). The reference of
-    `append_output_keys_c` (tests/trace/test_trace_pages.py checks they agree)."""
+    the engine's `schedule_common.append_output_keys_c` (tests/engine/test_key_runs.py checks
+    they agree)."""
     keys.extend(output_page_keys(req_id, keys[n_in - 1:n_in], n_total - n_in)[len(keys) - n_in:])
-
-
-def append_output_keys_c(req_id: str, keys: list[int], n_in: int, n_total: int) -> None:
-    """`append_output_keys_py` in one C call after the seed (_cplane.output_keys handed None
-    for keys_np: the keys appended, nothing else made). What it declines, having changed
-    nothing, takes the Python path."""
-    if 0 <= n_in <= len(keys):
-        if _c_output_keys(keys, None, _seed_c(req_id, keys, n_in), len(keys) - n_in, n_total - n_in) is None:
-            return
-    append_output_keys_py(req_id, keys, n_in, n_total)
 
 
 # From this many output pages numpy's fixed ~4 us beats ~0.13 us a page in Python (a trace's
@@ -217,7 +208,6 @@ def keys_list_numpy(keys_np: np.ndarray) -> list[int]:
 
 keys_list = cplane.choose("pages.keys_list", cplane.compiled("keys_list"), keys_list_numpy)
 extend_output_keys = cplane.choose("pages.extend_output_keys", extend_output_keys_c, extend_output_keys_numpy)
-append_output_keys = cplane.choose("pages.append_output_keys", append_output_keys_c, append_output_keys_py)
 
 _PAGE_OFFSETS: dict[int, np.ndarray] = {}
 

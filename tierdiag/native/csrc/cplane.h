@@ -17,6 +17,7 @@
  *                    (engine/deployment.py: ranks_json), and a rank's plain decode steps
  *                    run ahead (engine/decode.py: decode_steps)
  *   approx_tree.c    cache_aware's approximate tree as runs (routing/approx_tree.py: RouterTree)
+ *   lru_heap.c       the radix tree's lru heaps (engine/tree.py: LruHeap)
  *
  * The numpy (or Python) implementations beside their owners are the reference and the
  * fallback: tierdiag/native/cplane.py chooses one backend for the process. Every function here
@@ -69,8 +70,10 @@
  * 24: RouterTree (cache_aware's approximate tree as runs in C, routing/approx_tree.py; session 28, h41dp13).
  * 25: link_chain (a trace line's hash-chain check, trace_chain.c; session 30, h41trace1).
  * 26: StorageIndex.admit_write writes a mixed write (some keys there before) in the same call;
- *     StorageIndex.loc_runs (a read's locations as runs; session 30, h41stor16). */
-#define CPLANE_API 26
+ *     StorageIndex.loc_runs (a read's locations as runs; session 30, h41stor16).
+ * 27: LruHeap, lru_push, lru_pop, lru_fresh (the radix tree's lru heaps as C structs, lru_heap.c;
+ *     session 31, h41core15). */
+#define CPLANE_API 27
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -165,6 +168,7 @@ CP_HIDDEN extern PyMethodDef cp_rows_methods[];    /* rows.c */
 CP_HIDDEN extern PyMethodDef cp_storage_io_methods[]; /* storage_io.c */
 CP_HIDDEN extern PyMethodDef cp_router_methods[];  /* router.c */
 CP_HIDDEN extern PyMethodDef cp_trace_chain_methods[]; /* trace_chain.c */
+CP_HIDDEN extern PyMethodDef cp_lru_heap_methods[]; /* lru_heap.c */
 CP_HIDDEN extern PyTypeObject cp_StorageIndexType; /* storage_index.c */
 CP_HIDDEN extern PyTypeObject cp_PageWriterType;   /* storage_io.c */
 CP_HIDDEN extern PyTypeObject cp_RowBufferType;    /* rows.c */
@@ -174,5 +178,6 @@ CP_HIDDEN extern PyTypeObject cp_PageKeySetType;   /* keyset.c */
 CP_HIDDEN extern PyTypeObject cp_SlotCoreType;     /* pages.c */
 CP_HIDDEN extern PyTypeObject cp_MapCoreType;      /* pagemap.c */
 CP_HIDDEN extern PyTypeObject cp_RouterTreeType;   /* approx_tree.c */
+CP_HIDDEN extern PyTypeObject cp_LruHeapType;      /* lru_heap.c */
 
 #endif

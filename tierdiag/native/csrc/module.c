@@ -345,6 +345,7 @@ PyInit__cplane(void)
         PyModule_AddFunctions(m, cp_storage_io_methods) < 0 ||
         PyModule_AddFunctions(m, cp_router_methods) < 0 ||
         PyModule_AddFunctions(m, cp_trace_chain_methods) < 0 ||
+        PyModule_AddFunctions(m, cp_lru_heap_methods) < 0 ||
         PyType_Ready(&cp_StorageIndexType) < 0 ||
         PyModule_AddObjectRef(m, "StorageIndex", (PyObject *)&cp_StorageIndexType) < 0 ||
         PyType_Ready(&cp_PageWriterType) < 0 ||
@@ -360,7 +361,9 @@ PyInit__cplane(void)
         PyType_Ready(&cp_MapCoreType) < 0 ||
         PyModule_AddObjectRef(m, "MapCore", (PyObject *)&cp_MapCoreType) < 0 ||
         PyType_Ready(&cp_RouterTreeType) < 0 ||
-        PyModule_AddObjectRef(m, "RouterTree", (PyObject *)&cp_RouterTreeType) < 0) {
+        PyModule_AddObjectRef(m, "RouterTree", (PyObject *)&cp_RouterTreeType) < 0 ||
+        PyType_Ready(&cp_LruHeapType) < 0 ||
+        PyModule_AddObjectRef(m, "LruHeap", (PyObject *)&cp_LruHeapType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
