@@ -219,3 +219,32 @@ def test_a_hand_edited_stored_busy_time_is_not_used(planted, tmp_path_factory, v
         sections["context"]["prefill_busy_ns"] = value
         rw.execute("UPDATE run_evidence SET evidence_json = ?", [json.dumps(sections)])
     assert explained(copy) == explained(planted.path)
+
+
+def test_a_read_not_there_yet_runs_the_callers_idle_work_first(store, monkeypatch):
+    """get() of a read the thread has not finished is a wait on another thread: the caller's
+    deferred work (threads.idle_work: the text view's import) runs there, once, on the caller's
+    thread, before the read is waited for; a read already there runs nothing."""
+    import threading
+
+    from tierdiag.diagnose.read import request_reads
+    from tierdiag.threads import idle_work
+
+    con, run, rows = store
+    gate = threading.Event()
+    real = request_reads.request_transfers
+
+    def held(*args):
+        gate.wait(10)  # the read ends only once the idle work has run
+        return real(*args)
+
+    monkeypatch.setattr(request_reads, "request_transfers", held)
+    ran: list[int] = []
+    with idle_work(lambda: (ran.append(threading.get_ident()), gate.set())):
+        reads = RequestReads(con, run, rows[0], is_finished(rows[0]))
+        try:
+            assert reads.get("transfers") == real(con, run.run_id, rows[0].req_id, *transfer_bounds(rows[0]))
+            reads.get("evictions")
+        finally:
+            reads.close()
+    assert ran == [threading.get_ident()]

@@ -23,7 +23,9 @@ def explain(
     from tierdiag.cli.exits import leave_without_teardown
 
     leave_without_teardown()  # the store is closed before the view prints (as summary's: cli/summary.py)
-    Sink(json=json_).emit(explain_view(db, run, req_id))
+    from tierdiag.cli.summary import answer_then_view
+
+    Sink(json=json_).emit(answer_then_view(explain_view, db, run, req_id, text=not json_))
 
 
 @renders(ExplainView)

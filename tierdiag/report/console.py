@@ -28,10 +28,34 @@ class SafeConsole(Console):
             self.width = PIPED_MIN_WIDTH
 
     def _render_buffer(self, buffer):
+        if self._color_system is None:
+            return self._plain_buffer(buffer)
         from rich.segment import Segment
 
         return super()._render_buffer(
             seg if seg.control else Segment(visible(seg.text), seg.style, seg.control) for seg in buffer)
+
+    def _plain_buffer(self, buffer) -> str:
+        """Rich's `_render_buffer` where no style is drawn (piped output, NO_COLOR): its output is
+        the segments' texts (a control segment's only where styled or on a terminal, as Rich
+        has it), each text escaped; a run of text segments is escaped in one pass over its
+        join, the same characters (`visible` maps each control character on its own) without
+        a Segment and a regex call per segment (a summary draws thousands, issue 41)."""
+        out: list[str] = []
+        run: list[str] = []
+        terminal = self.is_terminal
+        for text, style, control in buffer:
+            if not control:
+                run.append(text)
+                continue
+            if run:
+                out.append(visible("".join(run)))
+                run = []
+            if style or terminal:
+                out.append(text)
+        if run:
+            out.append(visible("".join(run)))
+        return "".join(out)
 
 
 PIPED_MIN_WIDTH = 80

@@ -32,7 +32,7 @@ from tierdiag.diagnose.read.request_steps import request_evictions, request_tran
 from tierdiag.diagnose.read.requests import RequestRow
 from tierdiag.diagnose.read.rows import second_cursor
 from tierdiag.store.reader import views_shown
-from tierdiag.threads import OnThread
+from tierdiag.threads import OnThread, idle
 
 
 def has_previous_turn(row: RequestRow) -> bool:
@@ -118,7 +118,9 @@ class RequestReads:
             if name not in self._values:
                 self._values[name] = self._plan[name](self._con)
             return self._values[name]
-        self._done[name].wait()
+        if not self._done[name].is_set():
+            idle()  # the caller's deferred work (threads.idle_work) before it blocks
+            self._done[name].wait()
         if name not in self._values:
             self._job.result()
         return self._values[name]
