@@ -822,11 +822,12 @@ def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_tra
     assert json.loads(beside[1][0][1]) == json.loads(after[1][0][1])
 
 
-@pytest.mark.parametrize("failure", ["section", "row", "lookup"])
+@pytest.mark.parametrize("failure", ["section", "row", "lookup", "threads"])
 def test_a_close_that_fails_after_the_lookup_began_stores_neither_and_leaves_nothing_open(
         replayed, tmp_path, monkeypatch, capsys, failure):
     """A section failing while the lookup's transaction is open (the section waits for it here),
-    the evidence's row refused in it, or the lookup's own write failing: one warning, no lookup
+    the evidence's row refused in it, the lookup's own write failing, or (a large run's lookup, on
+    two threads) the instance's threads not given back after it: one warning, no lookup
     rows and no evidence row (one transaction, rolled back), and the connection free for the
     close's checkpoint; the run's rows untouched."""
     import threading
@@ -851,6 +852,12 @@ def test_a_close_that_fails_after_the_lookup_began_stores_neither_and_leaves_not
         monkeypatch.setattr(E, "run_totals", boom)
     elif failure == "row":
         monkeypatch.setattr(E, "EVIDENCE_VERSION", "not a number")
+    elif failure == "threads":  # a large run's lookup on two threads, the instance's one not given back
+        def refused(con, had):
+            raise duckdb.InvalidInputException("Invalid Input Error: threads refused")
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
+        monkeypatch.setattr(E, "alone_threads", lambda con, threads: 1)
+        monkeypatch.setattr(E, "restore_threads", refused)
     with duckdb.connect(str(db)) as con:
         run_id = resolve_run(con, None).run_id
         con.execute("DELETE FROM run_evidence")

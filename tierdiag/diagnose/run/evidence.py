@@ -357,8 +357,9 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
             # own, in the transaction the row then joins: below LARGE_RUN_REQUESTS while the
             # sections are computed (on the first of their threads to be done: compute_evidence),
             # not after them in the close the replay waits for (issue 41); from it on after them,
-            # as before (beside them it held ~25 MB more at 200k requests: the large runs' plan
-            # bounds the peak). The same rows, committed together, either way.
+            # as before (beside them it held ~25 MB more at 200k requests, +25-140 MB at 1M: the
+            # large runs' plan bounds the peak), on two threads (LOOKUP_THREADS: 1M, 1.4 -> 0.7-0.9
+            # s of the calling thread, session 31). The same rows, committed together, either way.
             with second_cursor(con) as lk:
                 begun = False
 
@@ -386,7 +387,12 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
                         lookup()
                     finally:
                         if had is not None:
-                            restore_threads(lk, had)
+                            try:
+                                restore_threads(lk, had)
+                            except BaseException:
+                                if begun:  # the lookup's transaction: not left open
+                                    rollback_run_evidence(lk, run_id)
+                                raise
                 write_evidence(lk, run_id, sections, begun=True, dumped=dumped)
             if computed is not None:
                 computed.update(made)
