@@ -201,7 +201,7 @@ def alone_threads(con, threads: int) -> int | None:
         cpus = os.cpu_count() or 1
     n = min(int(threads), ALONE_THREADS, cpus)
     try:
-        had = int(con.execute("SELECT current_setting('threads')").fetchone()[0])
+        had = int(con.execute("SELECT current_setting('threads')").fetchall()[0][0])
         if n <= had:
             return None
         con.execute(f"SET threads = {n}")
