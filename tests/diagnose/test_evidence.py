@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -745,8 +746,11 @@ def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_tra
         order.append(("curves", threading.get_ident()))
         return out
 
+    threads_then = []
+
     def begin(con, run_id):
         order.append(("lookup", threading.get_ident()))
+        threads_then.append(con.execute("SELECT current_setting('threads')").fetchone()[0])
         return real_begin(con, run_id)
 
     sections_done = []
@@ -786,18 +790,23 @@ def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_tra
         run_id = resolve_run(con, None).run_id
         con.execute("DELETE FROM run_evidence")
         con.execute("DELETE FROM request_lookup")
+        had = con.execute("SELECT current_setting('threads')").fetchone()[0]
         assert E.record_run_evidence(db, run_id, con=con) is None
         caller = threading.get_ident()
         assert [what for what, _ in order].count("lookup") == 1
         if large:
             assert [o for o in order if o[0] in ("curves", "lookup")] == [("curves", caller), ("lookup", caller)]
             assert sections_done[0] <= 1, "the lookup was written beside a large run's sections"
+            # alone then (the sections done): on the engine's idle core too, then back on one
+            assert threads_then == [max(had, min(E.LOOKUP_THREADS, len(os.sched_getaffinity(0))))]
         else:  # on the first thread done with its sections (the caller's once the curves are made, or another)
+            assert threads_then == [had]  # beside the sections' queries: as they are
             (thread,) = {t for what, t in order if what == "lookup"}
             mine = [what for what, t in order if t == thread]
             assert mine[-1] == "lookup" and len(mine) >= 2, order  # after that thread's sections
             if thread == caller:
                 assert mine == ["curves", "lookup"]
+        assert con.execute("SELECT current_setting('threads')").fetchone()[0] == had  # as it was
         con.execute("CHECKPOINT")  # refused while any transaction is open
         beside = _lookup_and_row(con, run_id)
     monkeypatch.undo()
@@ -813,11 +822,12 @@ def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_tra
     assert json.loads(beside[1][0][1]) == json.loads(after[1][0][1])
 
 
-@pytest.mark.parametrize("failure", ["section", "row", "lookup"])
+@pytest.mark.parametrize("failure", ["section", "row", "lookup", "threads"])
 def test_a_close_that_fails_after_the_lookup_began_stores_neither_and_leaves_nothing_open(
         replayed, tmp_path, monkeypatch, capsys, failure):
     """A section failing while the lookup's transaction is open (the section waits for it here),
-    the evidence's row refused in it, or the lookup's own write failing: one warning, no lookup
+    the evidence's row refused in it, the lookup's own write failing, or (a large run's lookup, on
+    two threads) the instance's threads not given back after it: one warning, no lookup
     rows and no evidence row (one transaction, rolled back), and the connection free for the
     close's checkpoint; the run's rows untouched."""
     import threading
@@ -842,6 +852,12 @@ def test_a_close_that_fails_after_the_lookup_began_stores_neither_and_leaves_not
         monkeypatch.setattr(E, "run_totals", boom)
     elif failure == "row":
         monkeypatch.setattr(E, "EVIDENCE_VERSION", "not a number")
+    elif failure == "threads":  # a large run's lookup on two threads, the instance's one not given back
+        def refused(con, had):
+            raise duckdb.InvalidInputException("Invalid Input Error: threads refused")
+        monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
+        monkeypatch.setattr(E, "alone_threads", lambda con, threads: 1)
+        monkeypatch.setattr(E, "restore_threads", refused)
     with duckdb.connect(str(db)) as con:
         run_id = resolve_run(con, None).run_id
         con.execute("DELETE FROM run_evidence")

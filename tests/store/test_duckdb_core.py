@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("_duckdb", reason="a DuckDB whose C extension is not the top-level _duckdb (1.x)")
 
@@ -168,3 +170,68 @@ def test_purge_from_now_keeps_one_idle_instance_and_queries_answer_as_before():
     assert len(held) == 1 and duckdb_core.purge_from_now() is True and duckdb_core._PURGING == held
     con = duckdb.connect(":memory:", config={"threads": 1})
     assert con.execute("SELECT sum(range) FROM range(1000)").fetchone() == (499500,)
+
+
+
+@settings(max_examples=40, deadline=None)
+@given(threads=st.one_of(st.integers(-2**70, 2**70), st.sampled_from([-1, 0, 1, 2, 3, 2**63])),
+       cpus=st.integers(1, 64), had=st.integers(1, 4))
+def test_alone_threads_raises_to_at_most_the_cap_and_the_cpus_and_restore_undoes_it(threads, cpus, had):
+    """store/duckdb_core.alone_threads (issue 41: a large run's request lookup on the idle core):
+    whatever it is asked (negative, zero, one, past int64) the instance runs on
+    min(asked, ALONE_THREADS, the usable CPUs) threads where that is more than it had, and is left
+    as it was otherwise (None); restore_threads puts back what it had; a query answers the same."""
+    import os
+    from unittest import mock
+
+    import duckdb
+
+    from tierdiag.store import duckdb_core
+
+    con = duckdb.connect(":memory:", config={"threads": had})
+    want = con.execute("SELECT sum(range), count(DISTINCT range % 7) FROM range(100000)").fetchall()
+    with mock.patch.object(os, "sched_getaffinity", lambda pid: set(range(cpus))):
+        got = duckdb_core.alone_threads(con, threads)
+    n = min(threads, duckdb_core.ALONE_THREADS, cpus)
+    now = con.execute("SELECT current_setting('threads')").fetchone()[0]
+    if n > had:
+        assert got == had and now == n
+    else:
+        assert got is None and now == had
+    assert con.execute("SELECT sum(range), count(DISTINCT range % 7) FROM range(100000)").fetchall() == want
+    if got is not None:
+        duckdb_core.restore_threads(con, got)
+    assert con.execute("SELECT current_setting('threads')").fetchone()[0] == had
+    con.close()
+
+
+def test_the_request_lookup_written_on_two_threads_is_the_one_written_on_one(tmp_path):
+    """store/lookup.py's rows (a hash and a sort by (bucket, seq) of every request id) written with
+    the instance on two threads (the writer's close of a large run, issue 41) are the rows written
+    on one, in the same order (rowid)."""
+    import duckdb
+
+    from tierdiag.store import duckdb_core
+    from tierdiag.store.evidence import begin_run_evidence
+
+    src = tmp_path / "src.duckdb"
+    with duckdb.connect(str(src)) as con:
+        con.execute("CREATE TABLE requests AS SELECT 'r' AS run_id, 'sess' || (range * 7919 % 300007)::VARCHAR "
+                    "|| '-turn' || (range % 13)::VARCHAR AS req_id, range AS seq FROM range(300000)")
+    rows = []
+    for threads in (1, 2):
+        db = tmp_path / f"t{threads}.duckdb"
+        db.write_bytes(src.read_bytes())
+        con = duckdb.connect(":memory:", config={"threads": 1})
+        con.execute(f"ATTACH '{db}' AS s")
+        con.execute("USE s")
+        had = duckdb_core.alone_threads(con, threads)
+        assert (had is None) == (threads == 1 or len(__import__("os").sched_getaffinity(0)) < 2)
+        begin_run_evidence(con, "r")
+        if had is not None:
+            duckdb_core.restore_threads(con, had)
+        con.execute("COMMIT")
+        rows.append(con.execute("SELECT bucket, req_id, seq FROM request_lookup ORDER BY rowid").fetchall())
+        con.close()
+    assert len(rows[0]) == 300000 and rows[0] == rows[1]
+    assert rows[0] == sorted(rows[0], key=lambda r: (r[0], r[2]))

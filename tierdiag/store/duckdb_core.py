@@ -174,3 +174,42 @@ def release_freed_heap() -> bool:
         return False
     _TRIM[0](0)
     return True
+
+
+
+# The most threads `alone_threads` gives an instance: the machine's usable CPUs, at most this many
+# (the writer's close runs it where the engine's process only waits for the answer: its core is idle).
+ALONE_THREADS = 2
+
+
+def alone_threads(con, threads: int) -> int | None:
+    """Let the instance of `con` run its next queries on more threads: min(`threads`, ALONE_THREADS,
+    the usable CPUs), where that is more than it has (our connections run on one: store/reader.py).
+    Returns the threads it had, for `restore_threads`, where it raised them; None where nothing was
+    changed (asked for no more than it has, one CPU, a DuckDB that refused). Call it only where no
+    other query of the instance runs meanwhile, and only for queries whose result does not depend on
+    how their work is split (no floating-point sums: their order would; a sort on a key that orders
+    every row does not), as the request lookup's hash and sort by (bucket, seq) (store/lookup.py:
+    ~1.6 s of a 1M-request close on one thread; issue 41)."""
+    import os
+
+    import duckdb
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    n = min(int(threads), ALONE_THREADS, cpus)
+    try:
+        had = int(con.execute("SELECT current_setting('threads')").fetchall()[0][0])
+        if n <= had:
+            return None
+        con.execute(f"SET threads = {n}")
+    except duckdb.Error:
+        return None
+    return had
+
+
+def restore_threads(con, had: int) -> None:
+    """The instance of `con` back on the `had` threads `alone_threads` returned."""
+    con.execute(f"SET threads = {int(had)}")

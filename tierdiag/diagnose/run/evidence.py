@@ -70,7 +70,7 @@ from tierdiag.diagnose.run.miss_reasons import run_miss_reasons
 from tierdiag.diagnose.run.size_curves import size_curves
 from tierdiag.diagnose.read.rows import current_catalog, second_cursor
 from tierdiag.diagnose.read.run_scan import run_scan
-from tierdiag.store.duckdb_core import release_cached_blocks
+from tierdiag.store.duckdb_core import alone_threads, release_cached_blocks, restore_threads
 from tierdiag.diagnose.run.stored import EVIDENCE_VERSION, encode, inputs
 from tierdiag.diagnose.run.totals import run_totals
 from tierdiag.store.evidence import begin_run_evidence, replace_run_evidence, rollback_run_evidence
@@ -322,6 +322,9 @@ def write_evidence(con: duckdb.DuckDBPyConnection, run_id: str, sections: dict, 
     replace_run_evidence(con, run_id, EVIDENCE_VERSION, evidence_json(sections, dumped), begun=begun)
 
 
+# The threads a large run's request lookup is written on, after its sections (`record_run_evidence`).
+LOOKUP_THREADS = 2
+
 # How long to wait for another process to let go of the store, to read the rows and to write the
 # row: a reader's wait. Beyond it the run goes without stored evidence (its readers compute it).
 WAIT_S = 3.0
@@ -354,8 +357,9 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
             # own, in the transaction the row then joins: below LARGE_RUN_REQUESTS while the
             # sections are computed (on the first of their threads to be done: compute_evidence),
             # not after them in the close the replay waits for (issue 41); from it on after them,
-            # as before (beside them it held ~25 MB more at 200k requests: the large runs' plan
-            # bounds the peak). The same rows, committed together, either way.
+            # as before (beside them it held ~25 MB more at 200k requests, +25-140 MB at 1M: the
+            # large runs' plan bounds the peak), on two threads (LOOKUP_THREADS: 1M, 1.4 -> 0.7-0.9
+            # s of the calling thread, session 31). The same rows, committed together, either way.
             with second_cursor(con) as lk:
                 begun = False
 
@@ -374,7 +378,21 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
                         rollback_run_evidence(lk, run_id)
                     raise
                 if not begun:
-                    lookup()
+                    # A large run's, after its sections (their peak): nothing else queries now and
+                    # the engine's process only waits, so on its core too: the rows in the same
+                    # order (a sort by (bucket, seq), which orders every row), ~1.6 s of one
+                    # thread at 1M requests (store/duckdb_core.py `alone_threads`; issue 41).
+                    had = alone_threads(lk, LOOKUP_THREADS)
+                    try:
+                        lookup()
+                    finally:
+                        if had is not None:
+                            try:
+                                restore_threads(lk, had)
+                            except BaseException:
+                                if begun:  # the lookup's transaction: not left open
+                                    rollback_run_evidence(lk, run_id)
+                                raise
                 write_evidence(lk, run_id, sections, begun=True, dumped=dumped)
             if computed is not None:
                 computed.update(made)
