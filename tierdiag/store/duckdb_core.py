@@ -176,7 +176,6 @@ def release_freed_heap() -> bool:
     return True
 
 
-
 # The most threads `alone_threads` gives an instance: the machine's usable CPUs, at most this many
 # (the writer's close runs it where the engine's process only waits for the answer: its core is idle).
 ALONE_THREADS = 2

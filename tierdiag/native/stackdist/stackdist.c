@@ -183,6 +183,52 @@ static PyObject *previous(PyObject *self, PyObject *args) {
 }
 
 
+typedef struct { int64_t key; int32_t id; int32_t unused; } sd_slot_t; /* a key and its id in one cache line */
+#define SD_AHEAD 16 /* keys ahead whose slot is prefetched */
+
+/* keys[0 .. n) numbered by first appearance, 0 .. d - 1, each key's number written to out64[t] (which
+ * may be keys itself: a key is read before its number is written) or, where out64 is NULL, to
+ * out32[t]: d, or -1 out of memory (the numbers then partly written). The open-addressing table of
+ * dense_ids and block_ids: sized at once for every key distinct, up to 2**22 slots (64 MB), then
+ * grown; each growth places every key again, at random (the conversation trace's 2.3M keys, 1.4M
+ * distinct, grew the table eleven times from 1,024 slots). No Python API: run without the GIL. */
+static int64_t sd_number(const int64_t *keys, Py_ssize_t n, int64_t *out64, int32_t *out32) {
+    int bits = 10;
+    while (bits < 22 && ((size_t)1 << bits) * 3 < (size_t)n * 4) bits++;
+    size_t cap = (size_t)1 << bits;
+    int32_t used = 0;
+    sd_slot_t *tab = malloc(cap * sizeof(sd_slot_t));
+    if (!tab) return -1;
+    for (size_t i = 0; i < cap; i++) tab[i].id = -1; /* -1: an empty slot */
+    for (Py_ssize_t t = 0; t < n; t++) {
+        if (4 * ((size_t)used + 1) > 3 * cap) { /* grow: twice the slots, every key placed again */
+            size_t ncap = cap * 2;
+            sd_slot_t *ntab = malloc(ncap * sizeof(sd_slot_t));
+            if (!ntab) { free(tab); return -1; }
+            for (size_t i = 0; i < ncap; i++) ntab[i].id = -1;
+            for (size_t i = 0; i < cap; i++) {
+                if (tab[i].id < 0) continue;
+                uint64_t j = sd_slot(tab[i].key, bits + 1);
+                while (ntab[j].id >= 0) j = (j + 1) & (ncap - 1);
+                ntab[j] = tab[i];
+            }
+            free(tab);
+            tab = ntab; cap = ncap; bits += 1;
+        }
+        /* The slot of a key a few places ahead asked for now: the table is larger than the caches
+         * (1.4M keys: 32 MB), and a miss's wait is then spent on the keys between. */
+        if (t + SD_AHEAD < n) __builtin_prefetch(&tab[sd_slot(keys[t + SD_AHEAD], bits)]);
+        int64_t key = keys[t];
+        uint64_t j = sd_slot(key, bits);
+        while (tab[j].id >= 0 && tab[j].key != key) j = (j + 1) & (cap - 1);
+        if (tab[j].id < 0) { tab[j].key = key; tab[j].id = used++; }
+        if (out64) out64[t] = tab[j].id;
+        else out32[t] = tab[j].id;
+    }
+    free(tab);
+    return used;
+}
+
 /* dense_ids(keys, lens) -> the number of distinct keys, d: each key written over with its dense id,
  * 0 .. d - 1 in the order the keys first come, then each request's ids reversed in place (its keys
  * are keys[off .. off + lens[i]), the requests end to end; lens int64, adding up to the keys): the
@@ -191,9 +237,6 @@ static PyObject *previous(PyObject *self, PyObject *args) {
  * slot, at most 3/4 full), not a sort of the distinct keys and a binary search of every key
  * in them (issue 41: ~0.18 s of the writer's CPU on the conversation trace's ~1.4M distinct keys).
  * The ids name keys only to the stack, whose answers do not depend on how they are numbered. */
-typedef struct { int64_t key; int32_t id; int32_t unused; } sd_slot_t; /* a key and its id in one cache line */
-#define SD_AHEAD 16 /* keys ahead whose slot is prefetched */
-
 static PyObject *dense_ids(PyObject *self, PyObject *args) {
     Py_buffer buf, lbuf;
     if (!PyArg_ParseTuple(args, "w*y*", &buf, &lbuf)) return NULL;
@@ -216,42 +259,10 @@ static PyObject *dense_ids(PyObject *self, PyObject *args) {
         PyBuffer_Release(&buf); PyBuffer_Release(&lbuf);
         return NULL;
     }
-    /* Sized at once for every key distinct, up to 2**22 slots (64 MB), then grown: each growth
-     * places every key again, at random (the conversation trace's 2.3M keys, 1.4M distinct, grew
-     * the table eleven times from 1,024 slots). */
-    int bits = 10, failed = 0;
-    while (bits < 22 && ((size_t)1 << bits) * 3 < (size_t)n * 4) bits++;
-    size_t cap = (size_t)1 << bits;
-    int32_t used = 0;
-    sd_slot_t *tab = malloc(cap * sizeof(sd_slot_t));
-    if (!tab) { PyBuffer_Release(&buf); PyBuffer_Release(&lbuf); return PyErr_NoMemory(); }
-    for (size_t i = 0; i < cap; i++) tab[i].id = -1; /* -1: an empty slot */
+    int64_t used;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t t = 0; t < n; t++) {
-        if (4 * ((size_t)used + 1) > 3 * cap) { /* grow: twice the slots, every key placed again */
-            size_t ncap = cap * 2;
-            sd_slot_t *ntab = malloc(ncap * sizeof(sd_slot_t));
-            if (!ntab) { failed = 1; break; }
-            for (size_t i = 0; i < ncap; i++) ntab[i].id = -1;
-            for (size_t i = 0; i < cap; i++) {
-                if (tab[i].id < 0) continue;
-                uint64_t j = sd_slot(tab[i].key, bits + 1);
-                while (ntab[j].id >= 0) j = (j + 1) & (ncap - 1);
-                ntab[j] = tab[i];
-            }
-            free(tab);
-            tab = ntab; cap = ncap; bits += 1;
-        }
-        /* The slot of a key a few places ahead asked for now: the table is larger than the caches
-         * (1.4M keys: 32 MB), and a miss's wait is then spent on the keys between. */
-        if (t + SD_AHEAD < n) __builtin_prefetch(&tab[sd_slot(ks[t + SD_AHEAD], bits)]);
-        int64_t key = ks[t];
-        uint64_t j = sd_slot(key, bits);
-        while (tab[j].id >= 0 && tab[j].key != key) j = (j + 1) & (cap - 1);
-        if (tab[j].id < 0) { tab[j].key = key; tab[j].id = used++; }
-        ks[t] = tab[j].id;
-    }
-    if (!failed) {
+    used = sd_number(ks, n, ks, NULL);
+    if (used >= 0) {
         Py_ssize_t a = 0;
         for (Py_ssize_t i = 0; i < g; i++) { /* each request's ids backwards */
             for (Py_ssize_t lo = a, hi = a + (Py_ssize_t)ln[i] - 1; lo < hi; lo++, hi--) {
@@ -261,9 +272,8 @@ static PyObject *dense_ids(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    free(tab);
     PyBuffer_Release(&buf); PyBuffer_Release(&lbuf);
-    if (failed) return PyErr_NoMemory();
+    if (used < 0) return PyErr_NoMemory();
     return PyLong_FromLong((long)used);
 }
 
@@ -304,42 +314,15 @@ static PyObject *block_ids(PyObject *self, PyObject *args) {
         PyBuffer_Release(&hbuf); PyBuffer_Release(&bbuf); PyBuffer_Release(&lbuf); PyBuffer_Release(&obuf);
         return NULL;
     }
-    int bits = 10, failed = 0;
-    while (bits < 22 && ((size_t)1 << bits) * 3 < (size_t)n * 4) bits++;
-    size_t cap = (size_t)1 << bits;
-    int32_t used = 0;
-    sd_slot_t *tab = malloc(cap * sizeof(sd_slot_t));
     int32_t *num = malloc((size_t)(n ? n : 1) * sizeof(int32_t)); /* each hash id's number */
-    if (!tab || !num) {
-        free(tab); free(num);
+    if (!num) {
         PyBuffer_Release(&hbuf); PyBuffer_Release(&bbuf); PyBuffer_Release(&lbuf); PyBuffer_Release(&obuf);
         return PyErr_NoMemory();
     }
-    for (size_t i = 0; i < cap; i++) tab[i].id = -1;
+    int64_t used;
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t t = 0; t < n; t++) {
-        if (4 * ((size_t)used + 1) > 3 * cap) { /* grow, as dense_ids does */
-            size_t ncap = cap * 2;
-            sd_slot_t *ntab = malloc(ncap * sizeof(sd_slot_t));
-            if (!ntab) { failed = 1; break; }
-            for (size_t i = 0; i < ncap; i++) ntab[i].id = -1;
-            for (size_t i = 0; i < cap; i++) {
-                if (tab[i].id < 0) continue;
-                uint64_t j = sd_slot(tab[i].key, bits + 1);
-                while (ntab[j].id >= 0) j = (j + 1) & (ncap - 1);
-                ntab[j] = tab[i];
-            }
-            free(tab);
-            tab = ntab; cap = ncap; bits += 1;
-        }
-        if (t + SD_AHEAD < n) __builtin_prefetch(&tab[sd_slot(hs[t + SD_AHEAD], bits)]);
-        int64_t key = hs[t];
-        uint64_t j = sd_slot(key, bits);
-        while (tab[j].id >= 0 && tab[j].key != key) j = (j + 1) & (cap - 1);
-        if (tab[j].id < 0) { tab[j].key = key; tab[j].id = used++; }
-        num[t] = tab[j].id;
-    }
-    if (!failed) {
+    used = sd_number(hs, n, NULL, num);
+    if (used >= 0) {
         Py_ssize_t a = 0, o = 0;
         for (Py_ssize_t i = 0; i < g; i++) { /* each request's pages, backwards */
             int64_t L = ln[i];
@@ -350,9 +333,9 @@ static PyObject *block_ids(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS
-    free(tab); free(num);
+    free(num);
     PyBuffer_Release(&hbuf); PyBuffer_Release(&bbuf); PyBuffer_Release(&lbuf); PyBuffer_Release(&obuf);
-    if (failed) return PyErr_NoMemory();
+    if (used < 0) return PyErr_NoMemory();
     return PyLong_FromLongLong((long long)used * per);
 }
 
