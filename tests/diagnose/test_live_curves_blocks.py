@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tierdiag.diagnose.run import live_curves as lc
 from tierdiag.diagnose.run import size_curves as sc
+from tests.diagnose.test_size_curves import _request, pages_both_ways  # a read request; two _Pages of them
 
 _GOLDEN = 0x9E3779B97F4A7C15
 # Hash ids hard on a hash table (test_live_curves_native's kinds), small enough that a page key
@@ -156,13 +157,6 @@ def test_block_ids_past_the_tables_first_sizes():
         [a.tolist() if isinstance(a, np.ndarray) else a for a in lc._block_ids_numpy(hids, blocks, lens, 8)]
 
 
-def _request(seq, hash_ids=None, tokens=None, input_len=1, extra_key=None):
-    from tierdiag.trace.reader import TraceRequest
-
-    return TraceRequest(f"r{seq}", seq, seq + 1, 1000 * seq, input_len, 3, hash_ids, tokens, 0, extra_key,
-                        None, None)
-
-
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(st.tuples(st.lists(_HOSTILE, min_size=1, max_size=6, unique=True), st.integers(0, 31),
                                 st.booleans()),
@@ -184,13 +178,7 @@ def test_pages_keep_hash_ids_while_unsampled_and_index_as_their_keys_would(monke
         else:
             block_pages = 16  # input lengths anywhere in the hash ids' last block (32 steps of 16)
             reqs.append(_request(i, tuple(hids), input_len=len(hids) * 512 - extra * block_pages))
-    by_keys, by_hids = sc._Pages(page), sc._Pages(page)
-    for r in reqs:
-        by_keys.add(r.line, r.seq, r.req_id, r.input_len, sc._request_keys(r, page, 512), r.arrival_ns, r.session,
-                    r.output_len)
-        by_hids.add_request(r, 512)
-    by_keys.finish()
-    by_hids.finish()
+    by_keys, by_hids = pages_both_ways(reqs, page)
     kept = any(isinstance(c, sc._HashIds) for c in by_hids.chunks)
     assert not (kept and by_hids.sampled)
     assert kept == (not by_hids.sampled and all(r.hash_ids is not None for r in reqs[:chunk]))

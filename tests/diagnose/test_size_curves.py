@@ -1071,6 +1071,19 @@ def test_a_chunk_with_tokens_or_an_extra_key_takes_the_request_at_a_time_path():
     assert sc._chunk_keys(plain, 0, 512) is None and sc._chunk_keys(plain, -64, 512) is None
 
 
+def pages_both_ways(reqs, page: int):
+    """Two `_Pages` of the same requests (blocks of 512 tokens), finished: one fed each request's
+    page keys (`add`, as `_trace_pages` reads lines), one the requests as read (`add_request`)."""
+    by_keys, as_read = sc._Pages(page), sc._Pages(page)
+    for r in reqs:
+        by_keys.add(r.line, r.seq, r.req_id, r.input_len, sc._request_keys(r, page, 512), r.arrival_ns, r.session,
+                    r.output_len)
+        as_read.add_request(r, 512)
+    by_keys.finish()
+    as_read.finish()
+    return by_keys, as_read
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kinds=st.lists(st.sampled_from(["hash", "tokens", "salted", "repeat"]), min_size=1, max_size=30),
        chunk=st.sampled_from([1, 2, 5, 4096]), budget=st.one_of(st.just(2**62), st.integers(-1, 400)),
@@ -1091,13 +1104,7 @@ def test_requests_added_as_read_keep_what_their_lines_keep(monkeypatch, kinds, c
         else:
             reqs.append(_request(i, tuple(range(3 * i, 3 * i + 3)), input_len=1500,
                                  extra_key="salt" if kind == "salted" else None))
-    one, two = sc._Pages(page), sc._Pages(page)
-    for r in reqs:
-        one.add(r.line, r.seq, r.req_id, r.input_len, sc._request_keys(r, page, 512), r.arrival_ns, r.session,
-                r.output_len)
-        two.add_request(r, 512)
-    one.finish()
-    two.finish()
+    one, two = pages_both_ways(reqs, page)
     for name in ("line", "seq", "input_len", "arrival", "full", "pred", "req_hash"):
         assert getattr(one, name) == getattr(two, name), name
     assert (one.touches, one.rate, one.sampled, len(one.chunks)) == (two.touches, two.rate, two.sampled,
