@@ -124,19 +124,26 @@ class StackPython:
         return out
 
 
+def _compiled(name: str):
+    """`_stackdist`'s `name` (native/stackdist/stackdist.c), or None where the module is absent,
+    was built before it had `name` (not rebuilt), or TIERDIAG_CPLANE is `numpy`: the caller's
+    Python twin then."""
+    import os
+
+    if os.environ.get("TIERDIAG_CPLANE", "").strip().lower() == "numpy":
+        return None
+    try:
+        from tierdiag.native import _stackdist
+    except ImportError:
+        return None
+    return getattr(_stackdist, name, None)
+
+
 def new_stack(ids: int):
     """An empty LRU stack of `ids` keys to `feed`: the compiled one where it is built (and
     TIERDIAG_CPLANE is not `numpy`), else its Python twin, `StackPython`."""
-    import os
-
-    if os.environ.get("TIERDIAG_CPLANE", "").strip().lower() != "numpy":
-        try:
-            from tierdiag.native import _stackdist
-        except ImportError:
-            pass
-        else:
-            return _stackdist.Stack(int(ids))
-    return StackPython(int(ids))
+    made = _compiled("Stack")
+    return StackPython(int(ids)) if made is None else made(int(ids))
 
 
 def feed(stack, keys: np.ndarray, query: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -307,17 +314,9 @@ def dense_ids(flat: np.ndarray, lens: np.ndarray) -> int:
     each) written over with its dense id, each request's ids reversed (deepest first); returns how
     many distinct keys. Compiled (stackdist.c: one pass of a hash table, issue 41), or
     `_dense_ids_numpy` where the module is absent or TIERDIAG_CPLANE is `numpy`."""
-    import os
-
-    if os.environ.get("TIERDIAG_CPLANE", "").strip().lower() != "numpy":
-        try:
-            from tierdiag.native import _stackdist
-        except ImportError:
-            pass
-        else:
-            made = getattr(_stackdist, "dense_ids", None)  # None: a module built before it (not rebuilt)
-            if made is not None:
-                return int(made(flat, np.ascontiguousarray(lens, dtype=np.int64)))
+    made = _compiled("dense_ids")
+    if made is not None:
+        return int(made(flat, np.ascontiguousarray(lens, dtype=np.int64)))
     return _dense_ids_numpy(flat, lens)
 
 
@@ -355,21 +354,13 @@ def block_ids(hids, blocks, lens, per_block: int) -> tuple[np.ndarray, int]:
     the index is made from the hash ids, 1 / per_block of the keys, the keys never made (issue
     41: the writer's read-ahead). Compiled (stackdist.c), or `_block_ids_numpy` (the same numbers)
     where the module is absent or TIERDIAG_CPLANE is `numpy`."""
-    import os
-
-    if os.environ.get("TIERDIAG_CPLANE", "").strip().lower() != "numpy":
-        try:
-            from tierdiag.native import _stackdist
-        except ImportError:
-            pass
-        else:
-            made = getattr(_stackdist, "block_ids", None)  # None: a module built before it (not rebuilt)
-            if made is not None:
-                lens = np.ascontiguousarray(lens, dtype=np.int64)
-                out = np.empty(int(lens.sum()) if len(lens) else 0, dtype=np.int64)
-                n = made(np.ascontiguousarray(hids, dtype=np.int64), np.ascontiguousarray(blocks, dtype=np.int64),
-                         lens, int(per_block), out)
-                return out, int(n)
+    made = _compiled("block_ids")
+    if made is not None:
+        lens = np.ascontiguousarray(lens, dtype=np.int64)
+        out = np.empty(int(lens.sum()) if len(lens) else 0, dtype=np.int64)
+        n = made(np.ascontiguousarray(hids, dtype=np.int64), np.ascontiguousarray(blocks, dtype=np.int64),
+                 lens, int(per_block), out)
+        return out, int(n)
     return _block_ids_numpy(hids, blocks, lens, per_block)
 
 
