@@ -192,9 +192,9 @@ def append_output_keys_c(req_id: str, keys: Any, n_in: int, n_total: int) -> Non
     """A finish's output keys appended to `keys` (trace.pages.append_output_keys_py's work) by a
     native function of the compiled engine: the seed's blake2b (_cplane.output_seed) and the keys
     (_cplane.output_keys handed None for keys_np) are two C calls from here, where the pages
-    module's interpreted wrapper (since removed) and its `_seed_c` were two Python frames a finish (~20.9 M of
-    Scheduler.run's 929 M instructions on conversation[:3000], ~7.8k a finish with output
-    pages; issue 41, session 30). What either C declines (-1), having changed nothing, takes
+    module's interpreted wrapper (since removed) and its `_seed_c` were two Python frames a
+    finish (~20.9 M of Scheduler.run's 929 M instructions on conversation[:3000], ~7.8k a finish
+    with output pages; issue 41, session 30). What either C declines (-1), having changed nothing, takes
     the Python reference (trace.pages.append_output_keys_py), as there."""
     if 0 <= n_in <= len(keys):
         seed: Any = _output_seed_native(req_id, keys[n_in - 1] if n_in else 0)
