@@ -23,9 +23,7 @@ def explain(
     from tierdiag.cli.exits import leave_without_teardown
 
     leave_without_teardown()  # the store is closed before the view prints (as summary's: cli/summary.py)
-    from tierdiag.cli.summary import answer_then_view
-
-    Sink(json=json_).emit(answer_then_view(explain_view, db, run, req_id, text=not json_))
+    Sink(json=json_).emit_answer(explain_view, db, run, req_id)
 
 
 @renders(ExplainView)

@@ -76,3 +76,22 @@ class Sink:
                 err.print(note(), markup=False, highlight=False)
             return
         renderer_for(result)(result, self.console, **context)
+
+    def emit_answer(self, view: Callable[..., Any], *args: Any) -> None:
+        """`emit(view(*args))` (a read command's view, app/views.py), the text views' modules
+        (Rich's ~25 ms of import) left for the first wait of this thread on another while the view
+        runs (threads.idle_work: the store still opening, explain's reads still running), so that
+        the import fills a wait instead of following the answer. --json imports no view."""
+        if self.json:
+            self.emit(view(*args))
+            return
+        from tierdiag.threads import idle_work
+
+        with idle_work(_import_text_views):
+            result = view(*args)
+        self.emit(result)
+
+
+def _import_text_views() -> None:
+    import tierdiag.report.terminal  # noqa: F401 - Rich and the views, imported as the text view will
+    import tierdiag.report.views  # noqa: F401

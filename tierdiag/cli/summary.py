@@ -13,25 +13,7 @@ from tierdiag.cli.sink import Sink, renders
 def summary(db: common.DbOpt = DEFAULT_DB_PATH, run: common.RunOpt = None, json_: common.JsonOpt = False) -> None:
     """One run at a glance: tokens by tier (not request counts), TTFT percentiles, load-backs, evictions."""
     _leave_without_teardown()
-    Sink(json=json_).emit(answer_then_view(summary_view, db, run, text=not json_))
-
-
-def answer_then_view(view, *args, text: bool):
-    """`view(*args)` (app/views.py), with the text view's modules (Rich's ~25 ms of import) left
-    for the first wait of this thread on another (threads.idle_work: the store still opening,
-    explain's reads still running), where a text view will be drawn: that import fills a wait
-    instead of following the answer. --json imports no view, here or later."""
-    if not text:
-        return view(*args)
-    from tierdiag.threads import idle_work
-
-    with idle_work(_import_text_views):
-        return view(*args)
-
-
-def _import_text_views() -> None:
-    import tierdiag.report.terminal  # noqa: F401 - Rich and the views, imported as render() will
-    import tierdiag.report.views  # noqa: F401
+    Sink(json=json_).emit_answer(summary_view, db, run)
 
 
 def _leave_without_teardown() -> None:
