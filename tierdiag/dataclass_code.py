@@ -39,7 +39,11 @@ both processes' entries can install it; `tierdiag.cli.dataclass_code` is the sam
 `python -m tierdiag.cli.dataclass_code` writes the tables of the read commands', the replay's and
 the writer process's modules at once, as compileall writes .pyc files (also where PYTHONDONTWRITEBYTECODE is set): for
 a checkout or an install whose commands run without writing bytecode (benchmarks/readers_ab.py
-and targets41.py run it beside compileall).
+and targets41.py run it beside compileall). Each table it writes is what a fresh build writes: the
+entries its imports used and the ones they compiled, none left from an earlier source (the cap
+above prunes only at a write-back, which PYTHONDONTWRITEBYTECODE skips: main's replay table had
+grown to 633 entries where a fresh build has 375); a file it finds that is not a table is said in
+one line on stderr and rebuilt.
 """
 
 from __future__ import annotations
@@ -74,27 +78,41 @@ def _header() -> bytes:
 
 def load(path: str) -> dict[str, CodeType]:
     """The table in `path`; empty where there is none or it is not one (module doc)."""
+    return read(path)[0]
+
+
+def read(path: str) -> tuple[dict[str, CodeType], str | None]:
+    """The table in `path` (as `load`) and, where the file is there but is not a whole table of
+    this Python's, why not (None where it is one or there is no file: nothing to say)."""
     import marshal
 
     try:
         with open(path, "rb") as fh:
             data = fh.read()
-    except OSError:
-        return {}
+    except FileNotFoundError:
+        return {}, None
+    except OSError as exc:
+        return {}, f"unreadable ({exc.strerror or type(exc).__name__})"
     head = _header()
     if not data.startswith(head):
-        return {}
+        if not data:
+            return {}, "empty"
+        if b"tierdiag-dataclass-code-" in data[:64]:  # the magic, the format line, the flags line
+            return {}, "another Python's, another -O level's or an older format's table"
+        return {}, "not a table (no table's header)"
     try:
         table = marshal.loads(memoryview(data)[len(head):])
     except (EOFError, ValueError, TypeError):
-        return {}
+        return {}, "cut short or not marshal data"
     if type(table) is not dict:
-        return {}
-    return {k: v for k, v in table.items() if type(k) is str and type(v) is CodeType}
+        return {}, f"not a table (a {type(table).__name__})"
+    kept = {k: v for k, v in table.items() if type(k) is str and type(v) is CodeType}
+    dropped = len(table) - len(kept)
+    return kept, (f"{dropped} of its {len(table)} entries not text to code" if dropped else None)
 
 
-def save(path: str, table: dict[str, CodeType]) -> None:
-    """Write `table` to `path` atomically; nothing where it cannot be written."""
+def save(path: str, table: dict[str, CodeType]) -> str | None:
+    """Write `table` to `path` atomically; nothing where it cannot be written (then why not)."""
     import marshal
 
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -103,9 +121,11 @@ def save(path: str, table: dict[str, CodeType]) -> None:
         with open(tmp, "wb") as fh:
             fh.write(_header() + marshal.dumps(table))
         os.replace(tmp, path)
-    except OSError:  # a cache, like a .pyc: where it cannot be written, the next start compiles again
+    except OSError as exc:  # a cache, like a .pyc: where it cannot be written, the next start compiles again
         with contextlib.suppress(OSError):  # never made, or its folder not ours to write: nothing to remove
             os.unlink(tmp)
+        return exc.strerror or type(exc).__name__
+    return None
 
 
 def _exec(source, globals=None, locals=None, /, **kwargs):
@@ -182,7 +202,8 @@ def install(path: str | None = None, table: str = "read") -> bool:
     if _state:
         return False
     path = path or cache_path(table)
-    _state.update(path=path, table=load(path), new={}, used=set())
+    loaded, problem = read(path)
+    _state.update(path=path, table=loaded, new={}, used=set(), problem=problem)
     setattr(dataclasses, "exec", _exec)  # a global of dataclasses.py, found before the builtin
     setattr(collections, "eval", _eval)  # namedtuple's, likewise
     atexit.register(_write_back)
@@ -221,16 +242,27 @@ MODULES = {"read": READ_MODULES, "replay": REPLAY_MODULES, "writer": WRITER_MODU
 
 def build(path: str | None = None, table: str = "read") -> int:
     """Install, import the modules of `table` (MODULES), write the table whatever
-    PYTHONDONTWRITEBYTECODE says (as compileall does); the number of entries written. The
+    PYTHONDONTWRITEBYTECODE says (as compileall does); the number of entries written. The table
+    written is what these imports used, kept as read, and what they compiled anew: a fresh
+    table's content, whatever the file held (entries of classes since changed are dropped). A file
+    that was not a table, or a table that cannot be written, is said in one line on stderr. The
     modules are imported in a process of their own (a module imported already makes no class)."""
     import importlib
 
     install(path, table)
     for name in MODULES[table]:
         importlib.import_module(name)
-    made = {**_state["table"], **_state["new"]}
-    save(_state["path"], made)
+    used, new = _state["used"], _state["new"]
+    # In the texts' order: the file is then the same bytes whatever it held before (a fresh build's).
+    made = {k: new[k] if k in new else _state["table"][k] for k in sorted(used.union(new))}
+    path, problem = _state["path"], _state["problem"]
+    error = save(path, made)
     uninstall()
+    if problem:
+        print(f"tierdiag.dataclass_code: {path}: {problem}; rebuilt", file=sys.stderr)
+    if error:
+        print(f"tierdiag.dataclass_code: {path}: not written ({error}); commands compile their methods as "
+              "without the table", file=sys.stderr)
     return len(made)
 
 
@@ -258,6 +290,7 @@ def build_all() -> list[str]:
     for table in TABLES:
         code = f"from tierdiag.cli.dataclass_code import build; print(build(table={table!r}))"
         done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+        sys.stderr.write(done.stderr)  # build's own line, where the file was not a table or not written
         lines.append(f"{done.stdout.strip()} dataclass methods in {cache_path(table)}")
     return lines
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import marshal
+import os
 import subprocess
 import sys
 from typing import ClassVar
@@ -274,10 +275,20 @@ def test_the_read_commands_print_the_same_with_the_table_cold_and_warm(tmp_path,
     outs["no table"] = run_all(nowrite)
     assert not list(prefix.glob("**/dataclass_code.*.marshal"))
     # Built as compileall builds .pyc files, where bytecode is not written: then read, never grown.
+    # Over garbage where the table goes: the build says so in a line and rebuilds it.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "pycache_prefix", str(prefix))
+        garbage = dc.cache_path("read")
+    os.makedirs(os.path.dirname(garbage), exist_ok=True)
+    with open(garbage, "wb") as fh:
+        fh.write(b"\x00garbage")
     built = subprocess.run([sys.executable, "-m", "tierdiag.cli.dataclass_code"], env=nowrite, capture_output=True,
                            text=True, timeout=120)
     assert built.returncode == 0, built.stderr
+    [said] = built.stderr.splitlines()
+    assert said.endswith(f"{garbage}: not a table (no table's header); rebuilt"), said
     [table] = list(prefix.glob("**/dataclass_code.*.marshal"))
+    assert str(table) == garbage and len(built.stdout.splitlines()) == len(dc.TABLES)
     before = table.read_bytes()
     outs["built"] = run_all(nowrite)
     assert table.read_bytes() == before
@@ -289,3 +300,148 @@ def test_the_read_commands_print_the_same_with_the_table_cold_and_warm(tmp_path,
         for got, want in zip(outs[label], outs["no table"]):
             assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr), label
     assert all(p.returncode == 0 and p.stdout for p in outs["no table"])
+
+
+
+_PROBE = "tierdiag_dc_probe"  # a module of the test's own, imported afresh by each build
+
+
+def _probe_source(fields: str) -> str:
+    return ("import collections, dataclasses\n\n"
+            "@dataclasses.dataclass(frozen=True, order=True)\n"
+            f"class A:\n    {fields}\n\n"
+            "@dataclasses.dataclass\n"
+            "class B:\n    x: int = 0\n\n"
+            "T = collections.namedtuple('T', 'p q')\n")
+
+
+@pytest.fixture
+def probe(tmp_path, monkeypatch):
+    """`build`'s modules made the test's probe module (written in `tmp_path`; `write(fields)`
+    changes its class A); each `run(path)` imports it afresh and builds (in this process)."""
+    folder = tmp_path / "mods"
+    folder.mkdir()
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setitem(dc.MODULES, "read", (_PROBE,))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # no .pyc of the probe: its text is read each time
+
+    class Probe:
+        @staticmethod
+        def write(fields: str) -> None:
+            (folder / f"{_PROBE}.py").write_text(_probe_source(fields))
+
+        @staticmethod
+        def run(path) -> int:
+            import importlib
+
+            sys.modules.pop(_PROBE, None)
+            importlib.invalidate_caches()
+            try:
+                return dc.build(str(path), "read")
+            finally:
+                sys.modules.pop(_PROBE, None)
+
+    Probe.write("a: int\n    b: str = 'x'")
+    return Probe
+
+
+def _entries(path) -> list:
+    """A table's entries, each marshalled alone (a whole file's bytes also depend on which equal
+    strings are one object: its back-references)."""
+    return [(k, marshal.dumps(v)) for k, v in dc.load(str(path)).items()]
+
+
+def test_build_keeps_only_what_its_imports_used(tmp_path, probe, capsys):
+    """`build` (as `python -m tierdiag.cli.dataclass_code` runs it, also where bytecode is not
+    written): after a class's source changed, the old class's entries are gone, the entries
+    still used are kept byte for byte, and the file holds what a fresh build writes (the same
+    entries, each the same bytes, in the same order); nothing said on stderr."""
+    path = tmp_path / "t.marshal"
+    first = probe.run(path)
+    before = dc.load(str(path))
+    assert first == len(before) > 5
+    probe.write("a: int\n    c: float = 1.5")  # A changed: its methods' text changes
+    second = probe.run(path)
+    after = dc.load(str(path))
+    assert second == len(after)
+    stale = set(before) - set(after)
+    assert stale and all("b" in k for k in stale)  # A's old methods (field b) are gone
+    kept = [k for k in before if k in after]
+    assert kept and all(marshal.dumps(after[k]) == marshal.dumps(before[k]) for k in kept)  # B's, T's
+    fresh = tmp_path / "fresh.marshal"
+    probe.run(fresh)
+    assert _entries(fresh) == _entries(path)  # a fresh table's content, entry for entry
+    assert probe.run(path) == second and _entries(fresh) == _entries(path)  # and stays so
+    assert capsys.readouterr().err == ""
+
+
+def test_build_drops_stale_entries_past_any_count(tmp_path, probe):
+    """Stale entries interleaved with the used ones, fewer than MAX_ENTRIES (where a write-back
+    keeps them all): a build keeps only the used ones."""
+    path = tmp_path / "t.marshal"
+    probe.run(path)
+    used = dc.load(str(path))
+    stale = {f"def __init__(self, gone_{i}):\n  self.gone = {i}\n": compile(f"x = {i}", "<string>", "exec")
+             for i in range(7)}
+    mixed = {}
+    for (k, v), (sk, sv) in zip(used.items(), list(stale.items()) * len(used)):
+        mixed[k], mixed[sk] = v, sv
+    dc.save(str(path), mixed)
+    assert len(mixed) < dc.MAX_ENTRIES
+    assert probe.run(path) == len(used)
+    assert list(dc.load(str(path))) == list(used)  # the same entries, in the same order
+
+
+HOSTILE_BUILD = {
+    "truncated": ("cut short", lambda head, good: good[: len(head) + (len(good) - len(head)) // 3]),
+    "garbage": ("no table's header", lambda head, good: bytes(range(256)) * 4),
+    "an old format": ("older format", lambda head, good: good.replace(dc._FORMAT, b"tierdiag-dataclass-code-0\n", 1)),
+    "another Python": ("another Python", lambda head, good: b"\x00\x00" + good[2:]),
+    "empty": ("empty", lambda head, good: b""),
+    "a list": ("not a table (a list)", lambda head, good: head + marshal.dumps([1, 2])),
+    "wrong entries": ("2 of its 2 entries not text to code", lambda head, good: head + marshal.dumps({1: 2, "x": "y"})),
+}
+
+
+@pytest.mark.parametrize("kind", list(HOSTILE_BUILD))
+def test_build_rebuilds_a_file_that_is_not_a_table_and_says_so_once(tmp_path, probe, capsys, kind):
+    path = tmp_path / "t.marshal"
+    probe.run(path)
+    good = path.read_bytes()
+    good_path = str(tmp_path / "good.marshal")
+    (tmp_path / "good.marshal").write_bytes(good)
+    capsys.readouterr()
+    said, spoil = HOSTILE_BUILD[kind]
+    path.write_bytes(spoil(dc._header(), good))
+    probe.run(path)
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and said in err[0] and str(path) in err[0] and err[0].endswith("rebuilt"), err
+    assert _entries(path) == [(k, marshal.dumps(v)) for k, v in dc.load(good_path).items()]
+
+
+def test_build_over_an_unreadable_or_unwritable_table_says_so_and_goes_on(tmp_path, probe, capsys):
+    """A folder where the file should be: it can be neither read nor replaced. The build
+    imports its modules all the same and says both, a line each; no traceback."""
+    path = tmp_path / "t.marshal"
+    path.mkdir()
+    assert probe.run(path) > 5
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2, err
+    assert "unreadable" in err[0] and err[0].endswith("rebuilt") and "not written" in err[1]
+    assert path.is_dir() and not list(tmp_path.glob("*.tmp"))
+    assert "exec" not in dataclasses.__dict__  # uninstalled all the same
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=300), keep_head=st.booleans())
+def test_read_says_why_of_any_bytes_and_never_raises(tmp_path_factory, data, keep_head):
+    """Drawn bytes, with or without the real header before them: `read` answers a table (only
+    text -> code entries) and either no word or one line, never an exception."""
+    path = tmp_path_factory.mktemp("bytes") / "t.marshal"
+    body = (dc._header() if keep_head else b"") + data
+    path.write_bytes(body)
+    table, why = dc.read(str(path))
+    assert all(type(k) is str and type(v) is type(compile("", "", "exec")) for k, v in table.items())
+    assert why is None or (why and "\n" not in why)
+    if not body.startswith(dc._header()):
+        assert not table and why
