@@ -103,14 +103,15 @@ class StoragePrefetch(SchedulerState):
                 self.prefetch_tokens_occupied += span * ps
                 self.query_occupied += span * ps
                 req.prefetch_query_pass = self.prefetch_pass
-                if req.seq not in self.unallocated:
+                seq: Any = req.seq  # (boxed once for the test and the entry)
+                if seq not in self.unallocated:
                     # and its anchor: `prefetch_from_storage` host-locks `last_host_node` before
                     # the lookup, and only the drain that finds the miss unlocks it
                     # (`revoke_pending_prefetch`), in query order among the hits it allocates
                     # (`_drain_and_alloc_storage_hit`): a host leaf that anchors a miss is not
                     # evictable meanwhile (`UnifiedTreeCore._is_host_leaf`: host_lock_ref)
                     tree.protect_host(anchor)
-                    self.unallocated[req.seq] = (req, anchor, matched, 0, span)
+                    self.unallocated[seq] = (req, anchor, matched, 0, span)
         if reason is not None:
             if req.storage_match_pages:
                 req.storage_skip_reason = reason
@@ -386,8 +387,9 @@ class StoragePrefetch(SchedulerState):
         not read (the hit stops before it, as SGLang's read would come back short there)."""
         ctrl = self.ctrl  # (the rule set's flags, typed)
         if ctrl.prefetch_retry_interval:
-            self.prefetch_retry_due[req.seq] = -1  # armed: the first pass that sees it sets its due pass
-            self.prefetch_retry_reqs[req.seq] = req
+            seq: Any = req.seq  # (boxed once for both dicts)
+            self.prefetch_retry_due[seq] = -1  # armed: the first pass that sees it sets its due pass
+            self.prefetch_retry_reqs[seq] = req
             self.retry_armed.append(req)  # (_retry_prefetches' index of the unarmed)
             if ctrl.prefetch_assume_stored:
                 req.storage_hit_end = storage_hit_end
@@ -437,7 +439,7 @@ class StoragePrefetch(SchedulerState):
         if armed:
             self.retry_armed = []
             for req in armed:
-                seq = req.seq
+                seq: Any = req.seq  # (boxed once for the dicts' look-ups below)
                 if pending.get(seq, 0) != -1:
                     continue  # set by an earlier entry of this list, or dropped since
                 if req.prefetch_retries >= cap:
@@ -455,11 +457,11 @@ class StoragePrefetch(SchedulerState):
             req = due_req[at]
             due = due_pass[at]
             at += 1
-            seq = req.seq
-            if pending.get(seq, 0) != due:
+            key: Any = req.seq  # (boxed once for the look-up and the two deletions)
+            if pending.get(key, 0) != due:
                 continue  # stale
-            del pending[seq]
-            del reqs[seq]
+            del pending[key]
+            del reqs[key]
             if req.prefetch_retries >= cap:
                 continue
             ready.append(req)
@@ -642,7 +644,9 @@ def query_match(tree: RadixTree, req: Req, now: int, memo_it: bool) -> tuple[Tre
     (`RadixTree.touch_path`): what the walk would do, without the walk (issue 41: 14,149
     re-queries on conversation[:2000], 14,131 of them on an unchanged path, ~1 node long).
     `memo_it`: keep a fresh match as the request's memo (where re-queries exist)."""
-    memo = req.storage_memo
+    # (typed here: Req keeps it as Any, whose `match` and `matched` were generic look-ups,
+    # three a re-query)
+    memo: StorageQueryMemo | None = req.storage_memo
     if memo is not None and _memo_holds(memo, tree, req):
         tree.touch_path(memo.match, now)
         return memo.match, memo.matched

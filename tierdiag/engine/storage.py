@@ -305,6 +305,9 @@ class StorageTier:
         # key -> location, LRU order; live pages a segment. Room for the whole capacity made now:
         # a tier that fills would otherwise grow the index's table and entries by doubling.
         self._index = new_index(max(0, min(capacity_pages, INDEX_RESERVE_MAX)))
+        # `hits`' call, bound once (the index is never replaced): a prefetch's query and each
+        # re-query asked it by name, a method look-up a call (~33k on conversation[:4000])
+        self._run: Any = self._index.run
         self._segments: dict[int, _Segment] = {}
         self._active: _Segment | None = None
         self._next_segment = 1
@@ -334,7 +337,7 @@ class StorageTier:
     def hits(self, keys: Any, start: int) -> int:
         """How many of keys[start:] the tier holds before the first it does not (a prefetch's
         hit query), without touching them."""
-        return self._index.run(keys, start)
+        return self._run(keys, start)
 
     @property
     def used_pages(self) -> int:
