@@ -242,8 +242,8 @@ def test_the_numpy_projection_is_the_stories_sql_or_declines(empty_store, rows):
 
 
 # --------------------------------------------------------------------------- the run context's rows
-# diagnose/run/context_rows.py (issue 41, session 32): the run context's wait windows, allocations
-# and lost sizes folded beside the story's rows, checked with them.
+# diagnose/run/context_rows.py (issue 41, session 32): the run context's per-request columns (six
+# queries' results) folded beside the story's rows, checked with them.
 
 def _same_context(got, con, run_id) -> None:
     assert got is not None
@@ -254,6 +254,14 @@ def _same_context(got, con, run_id) -> None:
             assert a.dtype == b.dtype and np.array_equal(a, b), field  # in the store's row order too
     lost = read_ctx.lost_request_sizes(con, run_id)
     assert got.lost_sizes.dtype == lost.dtype and np.array_equal(got.lost_sizes, lost)
+    for have, query in ((got.skipped, read_ctx.loadback_skipped_by_reason), (got.unused, read_ctx.storage_unused_by_reason)):
+        # as the context reads them (`_i`: a sum of NULLs alone is 0 there), in the SQL's order
+        assert [(r, int(n or 0)) for r, n in have] == [(r, int(n or 0)) for r, n in query(con, run_id)]
+    ideal = read_ctx.ideal_arrivals(con, run_id)
+    assert got.ideal.arrival_ns.dtype == ideal.arrival_ns.dtype and got.ideal.ideal_ttft_ns.dtype == ideal.ideal_ttft_ns.dtype
+    assert np.array_equal(got.ideal.arrival_ns, ideal.arrival_ns)  # equal arrivals' ideals: in any order
+    assert sorted(zip(got.ideal.arrival_ns.tolist(), got.ideal.ideal_ttft_ns.tolist())) == sorted(
+        zip(ideal.arrival_ns.tolist(), ideal.ideal_ttft_ns.tolist()))
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -266,7 +274,7 @@ def test_the_folded_context_rows_are_the_stores_whatever_the_batches(recorded, c
     with open_store(recorded) as con:
         story, context = fold.results(con, run_id)
         _same(story, read_ctx.story_requests(con, run_id))
-        assert len(context.lost_sizes) and len(context.allocations.sched_ns) > 100
+        assert len(context.lost_sizes) and len(context.allocations.sched_ns) > 100 and len(context.ideal.arrival_ns)
         _same_context(context, con, run_id)
 
 
@@ -314,7 +322,8 @@ def _context_rows(draw):
     for i in range(n):
         row = {name: draw(num) for name in (
             "storage_wait_ns", "input_tokens", "device_hit_tokens", "output_tokens", "recomputed_tokens",
-            "loadback_skipped_tokens", "storage_match_tokens", "storage_hit_tokens", "prefill_ns")}
+            "loadback_skipped_tokens", "storage_match_tokens", "storage_hit_tokens", "prefill_ns",
+            "miss_prefetch_lost_tokens", "ideal_ttft_ns")}
         row.update(
             req_id=f"r{i}", seq=draw(st.one_of(st.just(i), st.integers(0, 2), st.none())),
             status=draw(st.sampled_from([None, "finished", "finished", "rejected"])),
@@ -322,17 +331,18 @@ def _context_rows(draw):
             arrival_ns=draw(st.one_of(st.integers(0, 10**9), st.none())),
             first_token_ns=draw(st.one_of(st.integers(0, 5), st.integers(0, 10**9), st.none())),
             dp_rank=draw(st.sampled_from([None, 0, 1])),
-            loadback_skipped_reason=draw(st.sampled_from([None, "below_threshold", "device_full"])),
-            storage_skipped_reason=draw(st.sampled_from([None, "host_full", "prefetch_incomplete"])))
+            loadback_skipped_reason=draw(st.sampled_from([None, "below_threshold", "device_full", "\u00e9", "Z"])),
+            storage_skipped_reason=draw(st.sampled_from([None, "host_full", "prefetch_incomplete", "a\x00", "\u00df"])))
         rows.append(row)
     return rows
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=_context_rows(), cut=st.integers(0, 12))
 def test_the_context_projection_is_the_sqls_or_declines(empty_store, rows, cut):
-    """context_rows.py (numpy, the rows cut in two batches) against `wait_windows`, `allocations`
-    and `lost_request_sizes` (DuckDB) on the same rows: where it answers, equal, dtypes and the
+    """context_rows.py (numpy, the rows cut in two batches) against the six queries (DuckDB:
+    `wait_windows`, `allocations`, `lost_request_sizes`, the two sums by reason, `ideal_arrivals`)
+    on the same rows: where it answers, equal, dtypes and the
     wait windows' order too; where it declines, the SQL reads a NULL, a magnitude past
     _NP_SAFE or an undecided order there (or refuses the rows)."""
     import duckdb
@@ -362,6 +372,10 @@ def test_the_context_projection_is_the_sqls_or_declines(empty_store, rows, cut):
                         (r["loadback_skipped_reason"] and r["loadback_skipped_tokens"] is None)
                         or (r["storage_skipped_reason"] and None in (r["storage_match_tokens"], r["storage_hit_tokens"])))
                         for r in finished)
+                    or any(r["storage_skipped_reason"] and None in (r["storage_match_tokens"], r["storage_hit_tokens"],
+                                                                   r["recomputed_tokens"]) for r in finished)
+                    or any(r["ideal_ttft_ns"] is not None and r["arrival_ns"] is None for r in finished)
+                    or sum(abs(r["ideal_ttft_ns"] or 0) for r in finished) >= cr._EXACT_DOUBLE
                     or sum(abs((r["input_tokens"] or 0) - (r["device_hit_tokens"] or 0) + (r["output_tokens"] or 0))
                            for r in sched) >= cr._EXACT_DOUBLE), rows
             return

@@ -171,9 +171,10 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         return done["story"]
 
     def context_rows():
-        # The run context's wait windows, allocations and lost sizes, folded while recording
-        # beside the story's rows and checked with them (context_rows.py: ~14 ms of the context's
-        # thread, the longest, on the conversation trace; issue 41, session 32). None: queried.
+        # The run context's per-request columns (its wait windows, allocations, lost sizes, sums
+        # by skipped reason, ideal arrivals), folded while recording beside the story's rows and
+        # checked with them (context_rows.py: six queries, ~21 ms of the context's thread, the
+        # longest, on the conversation trace at load 9; issue 41, session 32). None: queried.
         rows_done.wait()
         return done.get("context_rows")
 

@@ -226,8 +226,8 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict,
             miss_reasons: Callable[[], dict[str, int] | None] | None = None, scan: RunScan | None = None,
             rows: ContextRows | None = None) -> LossEvidence:
     t = read_ctx.finished_token_totals(con, rid) if scan is None else scan.tokens
-    skipped = {r: _i(n) for r, n in read_ctx.loadback_skipped_by_reason(con, rid)}
-    unused = {r: _i(n) for r, n in read_ctx.storage_unused_by_reason(con, rid)}
+    skipped = {r: _i(n) for r, n in (read_ctx.loadback_skipped_by_reason(con, rid) if rows is None else rows.skipped)}
+    unused = {r: _i(n) for r, n in (read_ctx.storage_unused_by_reason(con, rid) if rows is None else rows.unused)}
     # Reuse distance of each re-reference of removed pages: tokens the device pool allocated
     # for requests scheduled between the pages' last use and the request that came back for
     # them (the LRU stack distance, roughly; explain's step 4 uses the same measure).
@@ -382,8 +382,9 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
     this, the summary's and the totals' in one query, issue 41 session 26), from the caller;
     what it raises is raised here. None: each sum queried here. `batches`: given the batch
     recompute column, the run's `read_ctx.batch_arrays` from the caller (the story's too,
-    evidence.py); None: queried here. `rows`: the run's wait windows, allocations and lost sizes
-    folded while it was recorded (context_rows.py), from the caller; None, or its None: queried."""
+    evidence.py); None: queried here. `rows`: the run's wait windows, allocations, lost sizes,
+    skipped and unused sums and ideal arrivals folded while it was recorded (context_rows.py),
+    from the caller; None, or its None: queried."""
     rid = run.run_id
     s = scan() if scan is not None else None
     folded = rows() if rows is not None else None
@@ -409,5 +410,5 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
         ttft_p50_ns=t.ttft_p50_ns, ttft_p99_ns=t.ttft_p99_ns,
         story=(run_story(con, rid, rec) if story is None else story()) if attribution and busy else None,
-        capacity=run_capacity(con, rid, ranks),
+        capacity=run_capacity(con, rid, ranks, None if folded is None else folded.ideal),
         routing=routing_loss(con, run), prefill_busy_ns=busy)
