@@ -292,14 +292,16 @@ def test_the_run_context_is_the_same_from_the_folded_rows(recorded):
         assert compute_run_context(con, run, rows=lambda: context) == compute_run_context(con, run)
 
 
-def test_a_batch_the_context_cannot_project_gives_up_its_rows_alone(recorded):
+@pytest.mark.parametrize("spoil", ["a NULL it carries", "a column of another type"])
+def test_a_batch_the_context_cannot_project_gives_up_its_rows_alone(recorded, spoil):
     run_id, rows = _taken(recorded)
     fold = StoryRows(run_id)
     batches = list(_batches(rows, [100]))
     col = batches[1]["requests"]["input_tokens"]
     finished = np.flatnonzero(np.asarray(batches[1]["requests"]["prefill_ns"].is_valid()))[0]
-    batches[1]["requests"]["input_tokens"] = pa.array(
-        [None if i == finished else v for i, v in enumerate(col.to_pylist())], type=col.type)
+    batches[1]["requests"]["input_tokens"] = (
+        pa.array([None if i == finished else v for i, v in enumerate(col.to_pylist())], type=col.type)
+        if spoil == "a NULL it carries" else pa.array([str(v) for v in col.to_pylist()]))  # arrow_ints raises
     for batch in batches:
         fold.take(batch)
     with open_store(recorded) as con:

@@ -32,7 +32,7 @@ _TEXT = ("status", "loadback_skipped_reason", "storage_skipped_reason")
 
 
 class ContextRows(NamedTuple):
-    """What the run context's three per-request queries return, made from folded rows."""
+    """What six of the run context's per-request queries return, made from folded rows."""
     wait_windows: Any  # read/run_context.py WaitWindows
     allocations: Any  # read/run_context.py Allocations
     lost_sizes: Any  # `lost_request_sizes`'s array

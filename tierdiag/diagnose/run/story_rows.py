@@ -65,17 +65,25 @@ class StoryRows:
                 return
             self.parts.append(part)
             if self.context_parts is not None:
-                from tierdiag.diagnose.run.context_rows import taken_context_rows
-
-                more = taken_context_rows(requests)
-                if more is None:
-                    self.context_parts = None
-                else:
-                    self.context_parts.append(more)
+                self._take_context(requests)
             self.finished += len(part["seq"])
             self.seq_sum += int(part["seq"].sum(dtype="int64")) if len(part["seq"]) else 0
         except Exception as exc:  # noqa: BLE001 - the close queries the store instead, as without a writer process
             self._give_up(f"{type(exc).__name__}: {exc}")
+
+    def _take_context(self, requests: dict) -> None:
+        """The run context's part of a batch whose story part was taken; what it cannot project
+        (None, or what it raises) gives up the context's parts alone: the close queries them."""
+        from tierdiag.diagnose.run.context_rows import taken_context_rows
+
+        try:
+            more = taken_context_rows(requests)
+        except Exception:  # noqa: BLE001 - the context's queries then, as without a fold
+            more = None
+        if more is None:
+            self.context_parts = None
+        else:
+            self.context_parts.append(more)
 
     def _give_up(self, why: str) -> None:
         self.off = why
