@@ -239,3 +239,151 @@ def test_the_numpy_projection_is_the_stories_sql_or_declines(empty_store, rows):
         _same(read_ctx.story_requests_of(got), want)
     finally:
         con.execute("DELETE FROM requests")
+
+
+# --------------------------------------------------------------------------- the run context's rows
+# diagnose/run/context_rows.py (issue 41, session 32): the run context's per-request columns (six
+# queries' results) folded beside the story's rows, checked with them.
+
+def _same_context(got, con, run_id) -> None:
+    assert got is not None
+    want = (read_ctx.wait_windows(con, run_id), read_ctx.allocations(con, run_id))
+    for have, should in zip(got[:2], want):
+        assert type(have) is type(should)
+        for field, a, b in zip(should._fields, have, should):
+            assert a.dtype == b.dtype and np.array_equal(a, b), field  # in the store's row order too
+    lost = read_ctx.lost_request_sizes(con, run_id)
+    assert got.lost_sizes.dtype == lost.dtype and np.array_equal(got.lost_sizes, lost)
+    for have, query in ((got.skipped, read_ctx.loadback_skipped_by_reason), (got.unused, read_ctx.storage_unused_by_reason)):
+        # as the context reads them (`_i`: a sum of NULLs alone is 0 there), in the SQL's order
+        assert [(r, int(n or 0)) for r, n in have] == [(r, int(n or 0)) for r, n in query(con, run_id)]
+    ideal = read_ctx.ideal_arrivals(con, run_id)
+    assert got.ideal.arrival_ns.dtype == ideal.arrival_ns.dtype and got.ideal.ideal_ttft_ns.dtype == ideal.ideal_ttft_ns.dtype
+    assert np.array_equal(got.ideal.arrival_ns, ideal.arrival_ns)  # equal arrivals' ideals: in any order
+    assert sorted(zip(got.ideal.arrival_ns.tolist(), got.ideal.ideal_ttft_ns.tolist())) == sorted(
+        zip(ideal.arrival_ns.tolist(), ideal.ideal_ttft_ns.tolist()))
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cuts=st.lists(st.integers(0, 300), max_size=8))
+def test_the_folded_context_rows_are_the_stores_whatever_the_batches(recorded, cuts):
+    run_id, rows = _taken(recorded)
+    fold = StoryRows(run_id)
+    for batch in _batches(rows, [min(c, rows.num_rows) for c in cuts]):
+        fold.take(batch)
+    with open_store(recorded) as con:
+        story, context = fold.results(con, run_id)
+        _same(story, read_ctx.story_requests(con, run_id))
+        assert len(context.lost_sizes) and len(context.allocations.sched_ns) > 100 and len(context.ideal.arrival_ns)
+        _same_context(context, con, run_id)
+
+
+def test_the_run_context_is_the_same_from_the_folded_rows(recorded):
+    """compute_run_context(rows=...) with the folded rows: the whole context as queried."""
+    from tierdiag.diagnose.run.runcontext import compute_run_context
+
+    run_id, rows = _taken(recorded)
+    fold = StoryRows(run_id)
+    for batch in _batches(rows, [90, 91, 250]):
+        fold.take(batch)
+    with open_store(recorded) as con:
+        run = resolve_run(con, run_id)
+        context = fold.results(con, run_id)[1]
+        assert compute_run_context(con, run, rows=lambda: context) == compute_run_context(con, run)
+
+
+@pytest.mark.parametrize("spoil", ["a NULL it carries", "a column of another type"])
+def test_a_batch_the_context_cannot_project_gives_up_its_rows_alone(recorded, spoil):
+    run_id, rows = _taken(recorded)
+    fold = StoryRows(run_id)
+    batches = list(_batches(rows, [100]))
+    col = batches[1]["requests"]["input_tokens"]
+    finished = np.flatnonzero(np.asarray(batches[1]["requests"]["prefill_ns"].is_valid()))[0]
+    batches[1]["requests"]["input_tokens"] = (
+        pa.array([None if i == finished else v for i, v in enumerate(col.to_pylist())], type=col.type)
+        if spoil == "a NULL it carries" else pa.array([str(v) for v in col.to_pylist()]))  # arrow_ints raises
+    for batch in batches:
+        fold.take(batch)
+    with open_store(recorded) as con:
+        story, context = fold.results(con, run_id)
+    assert story is not None and context is None  # the story's parts stay; the context queries
+
+
+# Hostile rows for the three projections against their SQL: NULLs (where the SQL coalesces, where
+# it carries them, where the skipped reasons make a column count), repeated seqs and schedule
+# instants, negatives, magnitudes near and past numpy's reach.
+_SMALL = st.one_of(st.none(), st.integers(0, 40), st.integers(-3, 3), st.integers(0, 10**9))
+
+
+@st.composite
+def _context_rows(draw):
+    n = draw(st.integers(1, 12))
+    huge = draw(st.integers(0, 3)) == 0
+    num = st.one_of(_SMALL, _HUGE) if huge else _SMALL
+    rows = []
+    for i in range(n):
+        row = {name: draw(num) for name in (
+            "storage_wait_ns", "input_tokens", "device_hit_tokens", "output_tokens", "recomputed_tokens",
+            "loadback_skipped_tokens", "storage_match_tokens", "storage_hit_tokens", "prefill_ns",
+            "miss_prefetch_lost_tokens", "ideal_ttft_ns")}
+        row.update(
+            req_id=f"r{i}", seq=draw(st.one_of(st.just(i), st.integers(0, 2), st.none())),
+            status=draw(st.sampled_from([None, "finished", "finished", "rejected"])),
+            ttft_ns=draw(st.one_of(st.integers(0, 10**9), st.none())),
+            arrival_ns=draw(st.one_of(st.integers(0, 10**9), st.none())),
+            first_token_ns=draw(st.one_of(st.integers(0, 5), st.integers(0, 10**9), st.none())),
+            dp_rank=draw(st.sampled_from([None, 0, 1])),
+            loadback_skipped_reason=draw(st.sampled_from([None, "below_threshold", "device_full", "\u00e9", "Z"])),
+            storage_skipped_reason=draw(st.sampled_from([None, "host_full", "prefetch_incomplete", "a\x00", "\u00df"])))
+        rows.append(row)
+    return rows
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=_context_rows(), cut=st.integers(0, 12))
+def test_the_context_projection_is_the_sqls_or_declines(empty_store, rows, cut):
+    """context_rows.py (numpy, the rows cut in two batches) against the six queries (DuckDB:
+    `wait_windows`, `allocations`, `lost_request_sizes`, the two sums by reason, `ideal_arrivals`)
+    on the same rows: where it answers, equal, dtypes and the
+    wait windows' order too; where it declines, the SQL reads a NULL, a magnitude past
+    _NP_SAFE or an undecided order there (or refuses the rows)."""
+    import duckdb
+
+    from tierdiag.diagnose.run import context_rows as cr
+
+    con = empty_store
+    try:
+        cols = sorted(rows[0])
+        con.executemany(f"INSERT INTO requests (run_id, {', '.join(cols)}) VALUES ('R', {', '.join('?' * len(cols))})",
+                        [[r[c] for c in cols] for r in rows])
+        taken = con.sql("SELECT * EXCLUDE (run_id) FROM requests ORDER BY rowid").to_arrow_table()
+        cut = min(cut, taken.num_rows)
+        parts = [cr.taken_context_rows({c: taken.column(c).slice(lo, hi - lo).combine_chunks()
+                                        for c in taken.column_names})
+                 for lo, hi in ((0, cut), (cut, taken.num_rows))]
+        got = None if any(p is None for p in parts) else cr.context_rows(parts)
+        event("declined" if got is None else "answered")
+        if got is None:
+            finished = [r for r in rows if (r["status"] or "finished") == "finished" and r["ttft_ns"] is not None]
+            sched = [r for r in finished if r["prefill_ns"] is not None]
+            assert (any(v is None for r in sched for v in (r["arrival_ns"], r["first_token_ns"], r["seq"],
+                                                           r["input_tokens"], r["output_tokens"]))
+                    or any(abs(v) >= cr._NP_SAFE for r in rows for v in r.values() if isinstance(v, int))
+                    or len({(r["first_token_ns"] - r["prefill_ns"], r["seq"]) for r in sched}) < len(sched)
+                    or any((r["recomputed_tokens"] or 0) > 0 and (
+                        (r["loadback_skipped_reason"] and r["loadback_skipped_tokens"] is None)
+                        or (r["storage_skipped_reason"] and None in (r["storage_match_tokens"], r["storage_hit_tokens"])))
+                        for r in finished)
+                    or any(r["storage_skipped_reason"] and None in (r["storage_match_tokens"], r["storage_hit_tokens"],
+                                                                   r["recomputed_tokens"]) for r in finished)
+                    or any(r["ideal_ttft_ns"] is not None and r["arrival_ns"] is None for r in finished)
+                    or sum(abs(r["ideal_ttft_ns"] or 0) for r in finished) >= cr._EXACT_DOUBLE
+                    or sum(abs((r["input_tokens"] or 0) - (r["device_hit_tokens"] or 0) + (r["output_tokens"] or 0))
+                           for r in sched) >= cr._EXACT_DOUBLE), rows
+            return
+        try:
+            _same_context(got, con, "R")
+        except duckdb.Error:  # an overflow the SQL refuses: numpy must not have answered it
+            raise AssertionError(f"numpy answered rows the SQL refuses: {rows}") from None
+    finally:
+        con.execute("DELETE FROM requests")

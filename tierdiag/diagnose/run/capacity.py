@@ -78,12 +78,13 @@ def _material(load) -> float:
     return float(np.partition(load, i)[i])
 
 
-def run_capacity(con: duckdb.DuckDBPyConnection, rid: str, num_ranks: int = 1) -> Capacity | None:
+def run_capacity(con: duckdb.DuckDBPyConnection, rid: str, num_ranks: int = 1, arrivals=None) -> Capacity | None:
     """None when no finished request has an ideal (an observed run, an empty one). `num_ranks`:
-    the run's data-parallel ranks (loads per rank, module doc)."""
+    the run's data-parallel ranks (loads per rank, module doc). `arrivals`: `ideal_arrivals`'s
+    result from the caller (folded while recording: run/context_rows.py); None: queried."""
     import numpy as np
 
-    r = ideal_arrivals(con, rid)
+    r = ideal_arrivals(con, rid) if arrivals is None else arrivals
     arrival = np.asarray(r.arrival_ns, dtype=np.int64)
     ideal = np.asarray(r.ideal_ttft_ns, dtype=np.float64)
     if not len(arrival) or ideal.sum() <= 0:

@@ -59,7 +59,7 @@ import duckdb
 
 from tierdiag.diagnose.run.runcontext import compute_run_context
 from tierdiag.diagnose.run.story import run_story
-from tierdiag.diagnose.run.story_rows import story_rows
+from tierdiag.diagnose.run.story_rows import folded_rows
 from tierdiag.diagnose.read import run_context as read_ctx
 from tierdiag.diagnose.read.run_context import batch_recompute_sql
 from tierdiag.diagnose.run.numbers import compute_run_summary
@@ -140,6 +140,7 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
 
     done: dict = {}
     story_done = threading.Event()
+    rows_done = threading.Event()  # the fold's rows taken (or not there): the context's wait for them
 
     def the_story(cur):
         try:
@@ -147,7 +148,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             rec = batch_recompute_sql(cur)
             # Its per-request rows folded while the run was recorded, where they are the run's
             # (story_rows.py: the close's largest query, issue 41); else queried by run_story.
-            folded = story_rows(cur, run.run_id, use=rec is not None)
+            folded, done["context_rows"] = folded_rows(cur, run.run_id, use=rec is not None)
+            rows_done.set()
             done["story"] = run_story(cur, run.run_id, rec, cause_counts=counts, requests=folded,
                                       batches=None if one_thread else lambda: batches(cur, rec))
             if counts:  # the story read its requests (empty: it read none, or no finished one; the summary queries)
@@ -157,6 +159,7 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             done["story_error"] = exc
             return None
         finally:
+            rows_done.set()
             story_done.set()
 
     def story():
@@ -166,6 +169,14 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         if "story" not in done:
             raise RuntimeError("the run story was not computed: its thread failed before it")
         return done["story"]
+
+    def context_rows():
+        # The run context's per-request columns (its wait windows, allocations, lost sizes, sums
+        # by skipped reason, ideal arrivals), folded while recording beside the story's rows and
+        # checked with them (context_rows.py: six queries, ~21 ms of the context's thread, the
+        # longest, on the conversation trace at load 9; issue 41, session 32). None: queried.
+        rows_done.wait()
+        return done.get("context_rows")
 
     def cause_counts():
         # The summary's requests per primary cause: the story's query reads every finished
@@ -213,7 +224,7 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
     work = {"story": the_story,
             "context": lambda c: compute_run_context(
                 c, run, story=story, miss_reasons=lambda: miss_reasons(c), scan=lambda: scan(c),
-                batches=None if one_thread else lambda rec: batches(c, rec)),
+                batches=None if one_thread else lambda rec: batches(c, rec), rows=context_rows),
             "sessions": lambda c: session_pauses(c, run),
             "summary": lambda c: compute_run_summary(c, run, cause_counts=cause_counts, scan=lambda: scan(c)),
             "totals": lambda c: run_totals(c, run.run_id, scan=lambda: scan(c)),
@@ -258,6 +269,7 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
                 done.setdefault("error", exc)
             finally:
                 if "story" in names:
+                    rows_done.set()
                     story_done.set()  # failed before its story: the context raises the failure, not waits
 
         thread = threading.Thread(target=compute, name="tierdiag-evidence", daemon=True)

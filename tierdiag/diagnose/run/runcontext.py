@@ -21,6 +21,7 @@ from typing import Callable
 import duckdb
 
 from tierdiag.diagnose.run.capacity import Capacity, run_capacity
+from tierdiag.diagnose.run.context_rows import ContextRows
 from tierdiag.diagnose.request.context import ATTRIBUTION_KEYS, WaitPart, round_exact
 from tierdiag.diagnose.read.query import dataclass_json, link_peak_bytes_per_s
 from tierdiag.diagnose.dp.routing_loss import RoutingLoss, routing_loss
@@ -163,7 +164,8 @@ def window_sums(s, e, d, values, cum, t):
 
 def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_total: int,
                      scan: RunScan | None = None,
-                     batches: Callable[[str], read_ctx.BatchArrays] | None = None) -> dict | None:
+                     batches: Callable[[str], read_ctx.BatchArrays] | None = None,
+                     windows: read_ctx.WaitWindows | None = None) -> dict | None:
     """Σ over requests of their queue attribution; the remainder of the queue (GPU idle while
     they waited) as `idle`.
 
@@ -176,7 +178,7 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
     import numpy as np
 
     b = read_ctx.batch_arrays(con, rid, rec) if batches is None else batches(rec)
-    r = read_ctx.wait_windows(con, rid)
+    r = read_ctx.wait_windows(con, rid) if windows is None else windows
     if not len(b.start_ns) or not len(r.start_ns):
         return None
     # Issue 41 (a 1M-request close held ~520 MB here): the batches' columns dropped once stacked,
@@ -221,10 +223,11 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
 
 
 def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict,
-            miss_reasons: Callable[[], dict[str, int] | None] | None = None, scan: RunScan | None = None) -> LossEvidence:
+            miss_reasons: Callable[[], dict[str, int] | None] | None = None, scan: RunScan | None = None,
+            rows: ContextRows | None = None) -> LossEvidence:
     t = read_ctx.finished_token_totals(con, rid) if scan is None else scan.tokens
-    skipped = {r: _i(n) for r, n in read_ctx.loadback_skipped_by_reason(con, rid)}
-    unused = {r: _i(n) for r, n in read_ctx.storage_unused_by_reason(con, rid)}
+    skipped = {r: _i(n) for r, n in (read_ctx.loadback_skipped_by_reason(con, rid) if rows is None else rows.skipped)}
+    unused = {r: _i(n) for r, n in (read_ctx.storage_unused_by_reason(con, rid) if rows is None else rows.unused)}
     # Reuse distance of each re-reference of removed pages: tokens the device pool allocated
     # for requests scheduled between the pages' last use and the request that came back for
     # them (the LRU stack distance, roughly; explain's step 4 uses the same measure).
@@ -236,7 +239,7 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict,
     # each even on the conversation trace's 12k requests (one thread).
     import numpy as np
 
-    alloc = read_ctx.allocations(con, rid)
+    alloc = read_ctx.allocations(con, rid) if rows is None else rows.allocations
     raw = read_ctx.removed_rereferences(con, rid)
     deciles: list[int] = []
     deleted = dropped = hot = 0
@@ -271,7 +274,7 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict,
         v = config.get(key)
         return int(v) if v is not None else None
 
-    lost_sizes = read_ctx.lost_request_sizes(con, rid)
+    lost_sizes = read_ctx.lost_request_sizes(con, rid) if rows is None else rows.lost_sizes
     lost_deciles: list[int] = []
     sizes = np.sort(np.asarray(lost_sizes, dtype=np.int64))
     sizes = sizes[sizes > 0]
@@ -358,7 +361,8 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
                         story: Callable[[], RunStory | None] | None = None,
                         miss_reasons: Callable[[], dict[str, int] | None] | None = None,
                         scan: Callable[[], RunScan] | None = None,
-                        batches: Callable[[str], read_ctx.BatchArrays] | None = None) -> RunContext:
+                        batches: Callable[[str], read_ctx.BatchArrays] | None = None,
+                        rows: Callable[[], ContextRows | None] | None = None) -> RunContext:
     """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on, from the run's
     rows (what evidence.py stores at the run's close; readers take it through facts.py).
 
@@ -378,9 +382,12 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
     this, the summary's and the totals' in one query, issue 41 session 26), from the caller;
     what it raises is raised here. None: each sum queried here. `batches`: given the batch
     recompute column, the run's `read_ctx.batch_arrays` from the caller (the story's too,
-    evidence.py); None: queried here."""
+    evidence.py); None: queried here. `rows`: the run's wait windows, allocations, lost sizes,
+    skipped and unused sums and ideal arrivals folded while it was recorded (context_rows.py),
+    from the caller; None, or its None: queried."""
     rid = run.run_id
     s = scan() if scan is not None else None
+    folded = rows() if rows is not None else None
     t = read_ctx.finished_totals(con, rid) if s is None else s.finished
     span = max(_i(t.end_ns) - _i(t.start_ns), 0)
     rec = read_ctx.batch_recompute_sql(con)
@@ -388,7 +395,8 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
     busy, compute, recompute = _i(b.busy_ns), _i(b.compute_ns), _i(b.recompute_ns)
     ranks = run_ranks(con, run, None if s is None else s.named_ranks)  # a data-parallel run's GPUs: its busy share is of all their time
     queue_total = _i(t.queue_ns)
-    attribution = _run_attribution(con, rid, rec, queue_total, s, batches) if attribution and rec and busy else None
+    attribution = (_run_attribution(con, rid, rec, queue_total, s, batches, None if folded is None else folded.wait_windows)
+                   if attribution and rec and busy else None)
     kv = run.data_plane.get("kv_bytes_per_token") if isinstance(run.data_plane, dict) else None
     return RunContext(
         run_id=rid, span_ns=span, num_finished=_i(t.finished),
@@ -397,10 +405,10 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         recompute_share_of_prefill=share(recompute, compute) if rec else None,
         ttft_total_ns=_i(t.ttft_ns), queue_total_ns=queue_total, queue_share_of_ttft=share(queue_total, _i(t.ttft_ns)),
         excess_total_ns=_i(t.excess_ns), queue_attribution=attribution,
-        losses=_losses(con, rid, run.config, miss_reasons, s),
+        losses=_losses(con, rid, run.config, miss_reasons, s, folded),
         transfers=_transfers(con, rid, link_peak_bytes_per_s(run), _overhead_ns(run), s),
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
         ttft_p50_ns=t.ttft_p50_ns, ttft_p99_ns=t.ttft_p99_ns,
         story=(run_story(con, rid, rec) if story is None else story()) if attribution and busy else None,
-        capacity=run_capacity(con, rid, ranks),
+        capacity=run_capacity(con, rid, ranks, None if folded is None else folded.ideal),
         routing=routing_loss(con, run), prefill_busy_ns=busy)

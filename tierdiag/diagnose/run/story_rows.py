@@ -41,6 +41,9 @@ class StoryRows:
         self.finished = 0  # of them finished (the parts' rows)
         self.seq_sum = 0
         self.off: str | None = None  # why the parts were given up (the close queries then)
+        # The run context's parts of the same batches (context_rows.py), given up alone where a
+        # batch has what they cannot project (the story's parts kept).
+        self.context_parts: list[dict] | None = []
 
     def take(self, taken: dict | None) -> None:
         """A batch of rows the writer took (table -> column -> Arrow array); None: no more come."""
@@ -61,30 +64,55 @@ class StoryRows:
                 self._give_up("rows the story's SQL reads otherwise (a NULL it keeps, a value past numpy's)")
                 return
             self.parts.append(part)
+            if self.context_parts is not None:
+                self._take_context(requests)
             self.finished += len(part["seq"])
             self.seq_sum += int(part["seq"].sum(dtype="int64")) if len(part["seq"]) else 0
         except Exception as exc:  # noqa: BLE001 - the close queries the store instead, as without a writer process
             self._give_up(f"{type(exc).__name__}: {exc}")
 
+    def _take_context(self, requests: dict) -> None:
+        """The run context's part of a batch whose story part was taken; what it cannot project
+        (None, or what it raises) gives up the context's parts alone: the close queries them."""
+        from tierdiag.diagnose.run.context_rows import taken_context_rows
+
+        try:
+            more = taken_context_rows(requests)
+        except Exception:  # noqa: BLE001 - the context's queries then, as without a fold
+            more = None
+        if more is None:
+            self.context_parts = None
+        else:
+            self.context_parts.append(more)
+
     def _give_up(self, why: str) -> None:
         self.off = why
         self.parts = []
+        self.context_parts = None
 
     def result(self, con: duckdb.DuckDBPyConnection, run_id: str):
         """The run's StoryRequests from the parts, where they are its committed finished rows
         (checked on `con`, the store); None otherwise (the caller queries)."""
+        return self.results(con, run_id)[0]
+
+    def results(self, con: duckdb.DuckDBPyConnection, run_id: str) -> tuple:
+        """(StoryRequests, context_rows.ContextRows) from the parts, where they are the run's
+        committed finished rows (checked on `con`, the store, once for both); each None where
+        there are none to use (the caller queries)."""
         import numpy as np
 
         from tierdiag.diagnose.read.rows import has_miss_columns
         from tierdiag.diagnose.read.run_context import story_requests_of, story_rows_check
+        from tierdiag.diagnose.run.context_rows import context_rows
 
         if self.off is not None or run_id != self.run_id or not self.parts or not has_miss_columns(con):
-            return None
+            return None, None
         if story_rows_check(con, run_id) != (self.finished, self.seq_sum):
-            return None
+            return None, None
         parts, self.parts = self.parts, []
+        more, self.context_parts = self.context_parts, None
         columns = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-        return story_requests_of(columns)
+        return story_requests_of(columns), (context_rows(more) if more else None)
 
 
 _FOLDS: list[StoryRows] = []  # at most one: the run this process is recording
@@ -112,7 +140,14 @@ def story_rows(con: duckdb.DuckDBPyConnection, run_id: str, *, use: bool = True)
     """The story's rows of run `run_id` folded while it was recorded (StoryRequests), once (the
     fold is let go either way; `use` False: only that): None where there are none to use (the
     story then queries: read/run_context.py story_requests)."""
+    return folded_rows(con, run_id, use=use)[0]
+
+
+def folded_rows(con: duckdb.DuckDBPyConnection, run_id: str, *, use: bool = True) -> tuple:
+    """(the story's rows, the run context's: context_rows.ContextRows) of run `run_id` folded
+    while it was recorded, once (the fold is let go either way; `use` False: only that): each None
+    where there are none to use (then queried: read/run_context.py)."""
     if not _FOLDS:
-        return None
+        return None, None
     fold = _FOLDS.pop()
-    return fold.result(con, run_id) if use else None
+    return fold.results(con, run_id) if use else (None, None)
