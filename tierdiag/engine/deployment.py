@@ -240,6 +240,18 @@ def _stuck_rank(lanes: list[_Lane], now: int, ran_mask: int) -> bool:
     return False
 
 
+def _ahead_limit(src: ArrivalSource, now: int, closed: bool, has_next: bool, src_next: int,
+                 events: list[tuple[int, Any, Scheduler, Any, Any]]) -> int | None:
+    """Where a rank's run-ahead from `now` stops: the next arrival (asked of the source in a
+    closed loop) or event, whichever is first; None where there is neither."""
+    limit = src.next_ns(now) if closed else (src_next if has_next else None)
+    if events:
+        head_ns = events[0][0]
+        if limit is None or head_ns < limit:
+            limit = head_ns
+    return limit
+
+
 class Deployment:
     """N schedulers (already built, one a rank) driven on one clock behind a Gateway."""
 
@@ -341,18 +353,37 @@ class Deployment:
                 sched = lane.sched
                 free = lane.free
                 if now >= free and (sched.waiting or sched.running or sched.chunked is not None):
+                    batched = True
+                    runs_ahead = ahead and not (closed and src.num_sessions)
+                    own = sched.pass_fn is sched._own_pass
+                    # A pass that can only be a plain decode step is the first of the run-ahead's
+                    # steps (`_decode_ahead` checks the state that makes it one, as it does for
+                    # each step after a pass): no schedule_pass, no `_decode` (~23k passes on
+                    # conversation[:2000] at --dp 8, each where another rank's event or an
+                    # arrival cut this rank's run; issue 41 session 32). Where it is not (a prefill,
+                    # a finish, an eviction, storage work), the run-ahead ran nothing and the pass
+                    # runs as below.
+                    if runs_ahead and own and sched.running:
+                        first_step = sched.dstep
+                        end = sched.run_decode_ahead(now, _ahead_limit(src, now, closed, has_next, src_next, events))
+                        if sched.dstep > first_step:
+                            run = AheadRun(sched, now, first_step)
+                            run_at_once[rank] = run
+                            last = run.last_start(end)
+                            if last > at_once_until:
+                                at_once_until = last
+                            lane.free = end
+                            ran_mask |= 1 << rank
+                            if not have_free or end < min_free:
+                                have_free, min_free = True, end
+                            continue
                     # (Scheduler.run's own test: its schedule_pass called natively unless a
                     # harness has put its own in `pass_fn`)
-                    ended = sched.schedule_pass(now) if sched.pass_fn is sched._own_pass else sched.pass_fn(now)
-                    batched = True
+                    ended = sched.schedule_pass(now) if own else sched.pass_fn(now)
                     if ended is not None:
-                        end: int = ended  # (unboxed once)
-                        if ahead and not (closed and src.num_sessions):
-                            limit = src.next_ns(now) if closed else (src_next if has_next else None)
-                            if events:
-                                head_ns = events[0][0]
-                                if limit is None or head_ns < limit:
-                                    limit = head_ns
+                        end = ended  # (unboxed once)
+                        if runs_ahead:
+                            limit = _ahead_limit(src, now, closed, has_next, src_next, events)
                             start, first_step = end, sched.dstep
                             end = sched.run_decode_ahead(end, limit)
                             if sched.dstep > first_step:
