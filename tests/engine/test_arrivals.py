@@ -247,3 +247,56 @@ def test_has_due_says_whether_due_does_anything(sessions, singles, closed, read_
                 src.finished(r.session, now)
         src.next_ns(now)
     assert len(delivered) == len(set(delivered))
+
+
+def _next_ns_reference(src: ArrivalSource, now: int) -> int | None:
+    """`next_ns` as it read before session 32 (the read-ahead, then the earlier of the heap's
+    top and the line in hand): the answer the object-typed reads must give."""
+    if src._idle and src._peek is not None:
+        src._read_ahead_lines(now)
+    heap = src._heap
+    if heap:
+        if src._peek_ns is not None and src._peek_ns < heap[0][0]:
+            return src._peek_ns
+        return heap[0][0]
+    return src._peek_ns
+
+
+def _has_due_reference(src: ArrivalSource, now: int) -> bool:
+    if src._peek_ns is not None and src._peek_ns <= now:
+        return True
+    return bool(src._heap) and src._heap[0][0] <= now
+
+
+# Clocks a replay never reaches but an int holds: past int64 and the tagged ints' 62 bits (a
+# compiled read of one unboxes it as a big int), zero and the far side of a session's timestamps
+hostile_scales = st.sampled_from([1.0, 1e-9, 3.0, 2.0 ** 40, 2.0 ** 70])
+
+
+@settings(max_examples=40, deadline=None)
+@given(sessions_st, singles_st, st.booleans(), st.integers(0, 4), hostile_scales,
+       st.lists(st.tuples(st.integers(-5, 3_000), st.booleans(), st.sampled_from([1, 2 ** 62, 2 ** 64])),
+                min_size=1, max_size=40))
+def test_next_ns_and_has_due_answer_as_the_reference(sessions, singles, closed, read_ahead, scale, steps):
+    """`next_ns(now)` and `has_due(now)` read the heap's top and the line in hand as objects, the
+    two times alone unboxed to compare (session 32): at every step of a closed or open loop's
+    clock, with the read-ahead full or not, finishes releasing turns, and times past int64 (a
+    --time-scale that large, a clock asked far ahead), both answer what the typed reads did,
+    the same int (value and type), and move the source as they did (a twin driven alike)."""
+    trace = session_workload(sessions, singles)
+    src = ArrivalSource(iter(trace), scale, closed=closed, read_ahead=read_ahead)
+    twin = ArrivalSource(iter(trace), scale, closed=closed, read_ahead=read_ahead)
+    now = 0
+    for dt_ms, finish, far in steps:
+        now = max(0, now + dt_ms * MS)
+        for ask in (now, now * far):
+            assert src.has_due(ask) == _has_due_reference(twin, ask)
+            got, want = src.next_ns(ask), _next_ns_reference(twin, ask)
+            assert got == want and type(got) is type(want)
+            assert _state(src) == _state(twin)
+        done = list(src.due(now))
+        assert [r.req_id for r, *_ in done] == [r.req_id for r, *_ in twin.due(now)]
+        for r, *_ in done:
+            if finish and r.session is not None:
+                src.finished(r.session, now)
+                twin.finished(r.session, now)
