@@ -59,13 +59,19 @@ def _same(got, want) -> None:
         assert np.array_equal(a, b), field
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(cuts=st.lists(st.integers(0, 300), max_size=8))
-def test_the_folded_rows_are_the_stores_whatever_the_batches(recorded, cuts):
+def _folded(recorded, cuts) -> tuple:
+    """The recorded run's id and its rows taken by a fold in the batches `cuts` makes."""
     run_id, rows = _taken(recorded)
     fold = StoryRows(run_id)
     for batch in _batches(rows, [min(c, rows.num_rows) for c in cuts]):
         fold.take(batch)
+    return run_id, fold
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cuts=st.lists(st.integers(0, 300), max_size=8))
+def test_the_folded_rows_are_the_stores_whatever_the_batches(recorded, cuts):
+    run_id, fold = _folded(recorded, cuts)
     fold.take(None)  # the end: nothing more comes, the parts kept for the close
     with open_store(recorded) as con:
         want = read_ctx.story_requests(con, run_id)
@@ -267,10 +273,7 @@ def _same_context(got, con, run_id) -> None:
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cuts=st.lists(st.integers(0, 300), max_size=8))
 def test_the_folded_context_rows_are_the_stores_whatever_the_batches(recorded, cuts):
-    run_id, rows = _taken(recorded)
-    fold = StoryRows(run_id)
-    for batch in _batches(rows, [min(c, rows.num_rows) for c in cuts]):
-        fold.take(batch)
+    run_id, fold = _folded(recorded, cuts)
     with open_store(recorded) as con:
         story, context = fold.results(con, run_id)
         _same(story, read_ctx.story_requests(con, run_id))

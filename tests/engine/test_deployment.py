@@ -262,6 +262,20 @@ class CollectEvery(Collect):
         self.every.append(re.sub(r"wall_ns=\d+", "wall_ns=", repr(event)))
 
 
+def random_case(reqs, dp, router, device, write_policy, closed, storage, tmp_path_factory, name):
+    """A Hypothesis workload made a deployment case: sorted by arrival, its turns two sessions
+    where the loop is closed, a small config of `dp` ranks (a storage folder where `storage`)."""
+    if closed:
+        reqs = [TraceRequest(r.req_id, r.seq, r.line, r.arrival_ns, r.input_len, r.output_len, r.hash_ids, r.tokens,
+                             r.priority, r.extra_key, session=f"s{r.seq % 2}") for r in reqs]
+    trace = sorted(reqs, key=lambda r: (r.arrival_ns, r.seq))
+    cfg = small_config(dp=dp, router=router, device_tokens=device * PS, host_tokens=2 * device * PS,
+                       write_policy=write_policy, router_balance_abs_threshold=2,
+                       arrivals="closed" if closed else "trace", storage_tokens=storage,
+                       storage_dir=str(tmp_path_factory.mktemp(name)) if storage else None)
+    return trace, cfg
+
+
 def gated_and_every(trace, cfg, monkeypatch) -> tuple[list[str], list[str], int, int]:
     """The replay's events and idle_pass calls, as Deployment.run runs it (`idle_pass_changes`
     gates the idle passes) and with every idle pass called (the predicate made always true)."""
@@ -317,14 +331,7 @@ def test_skipping_the_idle_passes_that_change_nothing_keeps_every_event(reqs, dp
     (0.5.23's storage_acks_per_pass drains storage in idle passes), open and closed loop: the
     gated replay emits every event the replay calling every idle pass emits, in the same order
     with the same values, and never calls more."""
-    if closed:
-        reqs = [TraceRequest(r.req_id, r.seq, r.line, r.arrival_ns, r.input_len, r.output_len, r.hash_ids, r.tokens,
-                             r.priority, r.extra_key, session=f"s{r.seq % 2}") for r in reqs]
-    trace = sorted(reqs, key=lambda r: (r.arrival_ns, r.seq))
-    cfg = small_config(dp=dp, router=router, device_tokens=device * PS, host_tokens=2 * device * PS,
-                       write_policy=write_policy, router_balance_abs_threshold=2,
-                       arrivals="closed" if closed else "trace", storage_tokens=storage,
-                       storage_dir=str(tmp_path_factory.mktemp("idle")) if storage else None)
+    trace, cfg = random_case(reqs, dp, router, device, write_policy, closed, storage, tmp_path_factory, "idle")
     gated, every, gated_calls, every_calls = gated_and_every(trace, cfg, monkeypatch)
     assert gated == every
     assert gated_calls <= every_calls

@@ -12,12 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.engine.helpers import PS, patches_the_engine, small_config
-from tests.engine.test_deployment import CollectEvery, turn
+from tests.engine.test_deployment import CollectEvery, random_case, turn
 from tests.engine.test_invariants import workloads
 from tierdiag.config.router import ROUTER_NAMES
 from tierdiag.engine.engine import Engine
 from tierdiag.probes import events as ev
-from tierdiag.trace.reader import TraceRequest
 
 
 class CollectAhead(CollectEvery):
@@ -96,13 +95,6 @@ def test_the_plain_decode_pass_keeps_every_event_on_any_workload(reqs, dp, route
     """The same on random workloads, routers, rank counts, small devices (evictions,
     retractions, ranks stuck for memory), write policies and storage tiers, open and closed
     loop: every event, in order, with its values."""
-    if closed:
-        reqs = [TraceRequest(r.req_id, r.seq, r.line, r.arrival_ns, r.input_len, r.output_len, r.hash_ids, r.tokens,
-                             r.priority, r.extra_key, session=f"s{r.seq % 2}") for r in reqs]
-    trace = sorted(reqs, key=lambda r: (r.arrival_ns, r.seq))
-    cfg = small_config(dp=dp, router=router, device_tokens=device * PS, host_tokens=2 * device * PS,
-                       write_policy=write_policy, router_balance_abs_threshold=2,
-                       arrivals="closed" if closed else "trace", storage_tokens=storage,
-                       storage_dir=str(tmp_path_factory.mktemp("resume")) if storage else None)
+    trace, cfg = random_case(reqs, dp, router, device, write_policy, closed, storage, tmp_path_factory, "resume")
     resumed, passed, _ = resumed_and_passed(trace, cfg)
     assert resumed == passed
