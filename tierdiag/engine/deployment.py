@@ -252,6 +252,16 @@ def _ahead_limit(src: ArrivalSource, now: int, closed: bool, has_next: bool, src
     return limit
 
 
+def _start_run(run_at_once: list[AheadRun | None], rank: int, sched: Scheduler, start: int, first_step: int,
+               end: int) -> int:
+    """Note the steps `sched` ran ahead from `start` (its step counter at `first_step` before
+    them, the run ending at `end`) as the rank's run; the last step's start (the loop keeps the
+    latest of its ranks')."""
+    run = AheadRun(sched, start, first_step)
+    run_at_once[rank] = run
+    return run.last_start(end)
+
+
 class Deployment:
     """N schedulers (already built, one a rank) driven on one clock behind a Gateway."""
 
@@ -367,9 +377,7 @@ class Deployment:
                         first_step = sched.dstep
                         end = sched.run_decode_ahead(now, _ahead_limit(src, now, closed, has_next, src_next, events))
                         if sched.dstep > first_step:
-                            run = AheadRun(sched, now, first_step)
-                            run_at_once[rank] = run
-                            last = run.last_start(end)
+                            last = _start_run(run_at_once, rank, sched, now, first_step, end)
                             if last > at_once_until:
                                 at_once_until = last
                             lane.free = end
@@ -387,9 +395,7 @@ class Deployment:
                             start, first_step = end, sched.dstep
                             end = sched.run_decode_ahead(end, limit)
                             if sched.dstep > first_step:
-                                run = AheadRun(sched, start, first_step)
-                                run_at_once[rank] = run
-                                last = run.last_start(end)
+                                last = _start_run(run_at_once, rank, sched, start, first_step, end)
                                 if last > at_once_until:
                                     at_once_until = last
                             elif run_at_once[rank] is not None:
