@@ -385,13 +385,26 @@ class StoragePrefetch(SchedulerState):
         The existence query costs no virtual time here (the engine knows the hit at once), so
         assuming changes the requested span, not the clock; a page the tier deleted meanwhile is
         not read (the hit stops before it, as SGLang's read would come back short there)."""
-        ctrl = self.ctrl  # (the rule set's flags, typed)
-        if ctrl.prefetch_retry_interval:
+        interval = self.retry_interval  # (the rule field, typed: Scheduler.__init__)
+        if interval:
             seq: Any = req.seq  # (boxed once for both dicts)
-            self.prefetch_retry_due[seq] = -1  # armed: the first pass that sees it sets its due pass
             self.prefetch_retry_reqs[seq] = req
-            self.retry_armed.append(req)  # (_retry_prefetches' index of the unarmed)
-            if ctrl.prefetch_assume_stored:
+            if req.prefetch_retries < self.retry_cap:
+                # due `interval` passes after the first pass that sees it, which is the next
+                # `_retry_prefetches`: the pass count moves only there while an entry is armed
+                # (the decode run-ahead, decode.py `_decode_ahead`, stops for any), so that
+                # pass is `prefetch_pass + 1` and the due pass is set here, on the due list
+                # (its passes never decrease: the count only grows), not by a look at the
+                # next pass (issue 41: a dict get and set and an append a re-query)
+                due = self.prefetch_pass + 1 + interval
+                self.prefetch_retry_due[seq] = due
+                self.retry_due_pass.append(due)
+                self.retry_due_req.append(req)
+            else:
+                # past max_attempts: armed (due -1), dropped by the first pass that sees it
+                self.prefetch_retry_due[seq] = -1
+                self.retry_armed.append(req)
+            if self.ctrl.prefetch_assume_stored:
                 req.storage_hit_end = storage_hit_end
 
     def _retry_prefetches(self, now: int) -> None:
@@ -428,13 +441,14 @@ class StoragePrefetch(SchedulerState):
         # ~5 entries to act on a pass). `_retry_prefetches_walk` is the walk, kept as the reference.
         # The entries are found by index, not by a scan of every armed one each pass (issue 41:
         # the scan, 420k dict items boxed and looked up again on conversation[:6000], was as
-        # much as the re-queries' own matches): `retry_armed` holds the requests armed since the
-        # last look, and a due pass set here goes on the due list, whose passes never decrease
-        # (step + a fixed interval), so the due entries are a prefix of it. An index entry the
-        # dicts no longer agree with (admitted, cancelled, re-armed since) is skipped: a
-        # re-armed request's new due pass is always later than its old one.
+        # much as the re-queries' own matches): an entry's due pass is set as it is armed
+        # (`_arm_prefetch_retry`: the pass that first sees it + interval) and goes on the due
+        # list, whose passes never decrease, so the due entries are a prefix of it; `retry_armed`
+        # holds the entries armed past max_attempts (due -1), which the first pass that sees
+        # them drops. An index entry the dicts no longer agree with (admitted, cancelled,
+        # re-armed since) is skipped: a re-armed request's new due pass is never earlier than
+        # its old one, and one equal is the same request's, fired once.
         cap = self.retry_cap
-        due_pass, due_req = self.retry_due_pass, self.retry_due_req
         armed = self.retry_armed
         if armed:
             self.retry_armed = []
@@ -442,13 +456,9 @@ class StoragePrefetch(SchedulerState):
                 seq: Any = req.seq  # (boxed once for the dicts' look-ups below)
                 if pending.get(seq, 0) != -1:
                     continue  # set by an earlier entry of this list, or dropped since
-                if req.prefetch_retries >= cap:
-                    del pending[seq]
-                    del reqs[seq]
-                    continue
-                pending[seq] = step + interval  # (interval >= 1: not due this pass)
-                due_pass.append(step + interval)
-                due_req.append(req)
+                del pending[seq]
+                del reqs[seq]
+        due_pass, due_req = self.retry_due_pass, self.retry_due_req
         at, n = self.retry_head, len(due_pass)
         if at == n or due_pass[at] > step:
             return

@@ -141,8 +141,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.prefetch_limit_tokens = prefetch_limit_tokens(self.rules, ctrl.host.capacity, ctrl.device.capacity,
                                                            self.ps)
         self.prefetch_tokens_occupied = 0
-        # req seq -> pass its re-query is due (0.5.23); -1: armed, its due pass not set yet (the
-        # first pass that sees it sets it), an int so the compiled compare is typed
+        # req seq -> pass its re-query is due (0.5.23; set as it is armed); -1: armed past
+        # max_attempts, dropped by the first pass that sees it; an int so the compiled compare
+        # is typed
         self.prefetch_retry_due: dict[int, int] = {}
         # The rule fields every pass's storage half reads, typed: rules.py is interpreted, so a
         # RuleSet field read from compiled code is a generic attribute lookup
@@ -162,8 +163,8 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.max_prefill_tokens: int = cfg.max_prefill_tokens
         self.prefetch_retry_reqs: dict[int, Req] = {}  # the same seqs -> their requests
         # An index of prefetch_retry_due by due pass, so a pass touches only the entries it acts
-        # on (_retry_prefetches): the requests armed since the last pass that looked (due -1),
-        # and (due pass, request) in due order from `retry_head` on. Entries the dicts dropped
+        # on (_retry_prefetches): the requests armed past max_attempts since the last pass that
+        # looked (due -1), and (due pass, request) in due order from `retry_head` on. Entries the dicts dropped
         # since (admitted, cancelled, re-armed) are stale and skipped.
         self.retry_armed: list[Req] = []
         self.retry_due_pass: list[int] = []
