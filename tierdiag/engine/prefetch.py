@@ -61,7 +61,9 @@ class StoragePrefetch(SchedulerState):
         tree, ctrl, ps = self.tree, self.ctrl, self.ps
         req.storage_skip_reason = None  # this query's verdict (a re-query replaces the last one)
         # init_next_round_input (match_prefix); a re-query's on an unchanged path from its memo
-        match, matched = query_match(tree, req, now, ctrl.prefetch_retry_interval != 0)
+        # (the interval as SchedulerState keeps it typed: the controller's copy is Any, a
+        # generic compare a query)
+        match, matched = query_match(tree, req, now, self.retry_interval != 0)
         req.storage_last_match = matched  # storage_prefetch_last_match_len, whatever the query decides
         storage = ctrl.storage
         assert storage is not None  # (typed: the hit's arithmetic below is plain ints compiled)
@@ -174,10 +176,11 @@ class StoragePrefetch(SchedulerState):
         if self.unallocated:
             queued, self.unallocated = self.unallocated, {}
             for req, anchor, matched, hits, span in queued.values():
-                if hits == 0:  # a miss (or a hit under the threshold): revoke_pending_prefetch
+                found: int = hits  # (typed: the entry's items are Any, a generic compare a query)
+                if found == 0:  # a miss (or a hit under the threshold): revoke_pending_prefetch
                     self.tree.release_host(anchor)
                     continue
-                self._alloc_prefetch(req, anchor, matched, hits, span, now)
+                self._alloc_prefetch(req, anchor, matched, found, span, now)
         # `_drain_ack_prefetch`: a read whose acks this drain takes is inserted into the tree now
         # (`_handle_prefetch_result`, "check_prefetch_progress() is not called for this rid
         # yet"), whether or not its request is polled in this pass
@@ -396,9 +399,11 @@ class StoragePrefetch(SchedulerState):
                 # pass is `prefetch_pass + 1` and the due pass is set here, on the due list
                 # (its passes never decrease: the count only grows), not by a look at the
                 # next pass (issue 41: a dict get and set and an append a re-query)
-                due = self.prefetch_pass + 1 + interval
-                self.prefetch_retry_due[seq] = due
-                self.retry_due_pass.append(due)
+                due: Any = self.prefetch_pass + 1 + interval  # (boxed once for the dict and the list)
+                pending: dict[Any, Any] = self.prefetch_retry_due
+                due_pass: list[Any] = self.retry_due_pass
+                pending[seq] = due
+                due_pass.append(due)
                 self.retry_due_req.append(req)
             else:
                 # past max_attempts: armed (due -1), dropped by the first pass that sees it
@@ -635,8 +640,11 @@ class StoragePrefetch(SchedulerState):
 
 class StorageQueryMemo:
     """A storage query's tree match, kept for the request's re-queries: the tree, the request's
-    key run and match bound it was made for, the match, its pages, and the tree's change count
-    (RadixTree.mod_seq) just after it."""
+    key run and match bound it was made for, the match, its pages, the tree's change count
+    (RadixTree.mod_seq) just after it, and the key past the match (`keys[matched]`, None where
+    the match took every key it could): `_memo_holds` asks the path's end for that key's child
+    at every re-query, where an index of the run (Any: a list or an array) was a generic
+    `__getitem__` and an int boxed each time (issue 41: ~29k re-queries on conversation[:4000])."""
 
     def __init__(self, tree: RadixTree, keys: Any, bound: int, match: TreeMatch, matched: int, seq: int) -> None:
         self.tree = tree
@@ -645,6 +653,7 @@ class StorageQueryMemo:
         self.match = match
         self.matched = matched
         self.seq = seq
+        self.next_key: Any = keys[matched] if matched < min(len(keys), bound) else None
 
 
 def query_match(tree: RadixTree, req: Req, now: int, memo_it: bool) -> tuple[TreeMatch, int]:
@@ -686,7 +695,11 @@ def _memo_holds(memo: StorageQueryMemo, tree: RadixTree, req: Req) -> bool:
     if matched < min(len(req.keys), req.max_match_pages):
         last = match.last_node
         end = tree.root if last is None else last
-        if _child(end, req.keys[matched]) is not None:
+        # (the key run is the memo's and the bound too, checked above; a run only grows at its
+        # end (a requeue's output keys), so the memo's key is still the one at `matched`, and
+        # one past a run the memo saw end there is read now)
+        key = memo.next_key
+        if _child(end, req.keys[matched] if key is None else key) is not None:
             return False
     return True
 
