@@ -48,7 +48,6 @@ def _reference_arm(s, r) -> None:
     """StoragePrefetchRetries.poll_miss: armed (-1), its due pass set by the first pass that
     sees it (`_retry_prefetches_walk`)."""
     s.prefetch_retry_due[r.seq] = -1
-    s.prefetch_retry_reqs[r.seq] = r
 
 
 def _apply(fast: bool, ops) -> list:
@@ -62,27 +61,28 @@ def _apply(fast: bool, ops) -> list:
             arm(r)
         elif name == "admit" and queued:  # _new_prefill's admission
             s.waiting.remove(r)
-            if s.prefetch_retry_due.pop(r.seq, 0) != 0:
-                del s.prefetch_retry_reqs[r.seq]
+            s.prefetch_retry_due.pop(r.seq, 0)
         elif name == "requeue" and not queued:  # back at the end of the queue, its query armed again
             s.waiting.append(r)
             arm(r)
         elif name == "hit_loss" and queued:  # _prefetch_after_hit_loss: cancel, one more query now
-            if s.prefetch_retry_due.pop(r.seq, 0) != 0:
-                del s.prefetch_retry_reqs[r.seq]
+            s.prefetch_retry_due.pop(r.seq, 0)
             r.prefetch_retries += 1
             s._start_prefetch(r, 0)
         elif name == "pass":
             for _ in range(arg):
                 step(0)
                 seen.append((s.prefetch_pass, [q.prefetch_retries for q in reqs], dict(s.prefetch_retry_due)))
+        # every armed re-query is a queued request's (Engine.check_invariants)
+        assert set(s.prefetch_retry_due) <= {q.seq for q in s.waiting}
     due = dict(s.prefetch_retry_due)
     if not fast:  # armed since the last pass: due `interval` passes after the next one
         interval, cap = s.retry_interval, s.retry_cap
+        by_seq = {q.seq: q for q in reqs}
         for seq, at in due.items():
-            if at == -1 and s.prefetch_retry_reqs[seq].prefetch_retries < cap:
+            if at == -1 and by_seq[seq].prefetch_retries < cap:
                 due[seq] = s.prefetch_pass + 1 + interval
-    seen.append((sorted(due.items()), sorted(s.prefetch_retry_reqs)))
+    seen.append(sorted(due.items()))
     return seen
 
 

@@ -374,8 +374,7 @@ class StoragePrefetch(SchedulerState):
             req.storage_last_match = current
             return False
         self.tree.match(_matchable(req), now)  # the admission's match, before the skip
-        if self.prefetch_retry_due.pop(req.seq, 0) != 0:  # prefetch_from_storage: retries.cancel(rid)
-            del self.prefetch_retry_reqs[req.seq]
+        self.prefetch_retry_due.pop(req.seq, 0)  # prefetch_from_storage: retries.cancel(rid)
         req.prefetch_retries += 1
         req.storage_hit_end = None
         self._start_prefetch(req, now)
@@ -390,8 +389,7 @@ class StoragePrefetch(SchedulerState):
         not read (the hit stops before it, as SGLang's read would come back short there)."""
         interval = self.retry_interval  # (the rule field, typed: Scheduler.__init__)
         if interval:
-            seq: Any = req.seq  # (boxed once for both dicts)
-            self.prefetch_retry_reqs[seq] = req
+            seq: Any = req.seq  # (boxed once for the dict's set)
             if req.prefetch_retries < self.retry_cap:
                 # due `interval` passes after the first pass that sees it, which is the next
                 # `_retry_prefetches`: the pass count moves only there while an entry is armed
@@ -430,11 +428,9 @@ class StoragePrefetch(SchedulerState):
             return
         if not waiting:
             return
-        reqs = self.prefetch_retry_reqs
         head = waiting[0].seq
         if head in pending:
             del pending[head]
-            del reqs[head]
         step = self.prefetch_pass
         # The entries this pass acts on: unarmed (due -1: armed since the last pass that looked,
         # or dropped past max_attempts) and due; an armed entry is never over max_attempts (the
@@ -450,7 +446,7 @@ class StoragePrefetch(SchedulerState):
         # (`_arm_prefetch_retry`: the pass that first sees it + interval) and goes on the due
         # list, whose passes never decrease, so the due entries are a prefix of it; `retry_armed`
         # holds the entries armed past max_attempts (due -1), which the first pass that sees
-        # them drops. An index entry the dicts no longer agree with (admitted, cancelled,
+        # them drops. An index entry the dict no longer agrees with (admitted, cancelled,
         # re-armed since) is skipped: a re-armed request's new due pass is never earlier than
         # its old one, and one equal is the same request's, fired once.
         cap = self.retry_cap
@@ -458,11 +454,10 @@ class StoragePrefetch(SchedulerState):
         if armed:
             self.retry_armed = []
             for req in armed:
-                seq: Any = req.seq  # (boxed once for the dicts' look-ups below)
+                seq: Any = req.seq  # (boxed once for the look-up and the deletion)
                 if pending.get(seq, 0) != -1:
                     continue  # set by an earlier entry of this list, or dropped since
                 del pending[seq]
-                del reqs[seq]
         due_pass, due_req = self.retry_due_pass, self.retry_due_req
         at, n = self.retry_head, len(due_pass)
         if at == n or due_pass[at] > step:
@@ -472,11 +467,10 @@ class StoragePrefetch(SchedulerState):
             req = due_req[at]
             due = due_pass[at]
             at += 1
-            key: Any = req.seq  # (boxed once for the look-up and the two deletions)
+            key: Any = req.seq  # (boxed once for the look-up and the deletion)
             if pending.get(key, 0) != due:
                 continue  # stale
             del pending[key]
-            del reqs[key]
             if req.prefetch_retries >= cap:
                 continue
             ready.append(req)
@@ -521,11 +515,10 @@ class StoragePrefetch(SchedulerState):
                 self.prefetch_pass += 1  # the clock of the prefetch acks
             return
         self.prefetch_pass += 1
-        pending, waiting, reqs = self.prefetch_retry_due, self.waiting, self.prefetch_retry_reqs
+        pending, waiting = self.prefetch_retry_due, self.waiting
         if not pending or not waiting:
             return
-        if pending.pop(waiting[0].seq, 0) != 0:
-            del reqs[waiting[0].seq]
+        pending.pop(waiting[0].seq, 0)
         step = self.prefetch_pass
         if not any(due <= step for due in pending.values()):
             return
@@ -535,14 +528,14 @@ class StoragePrefetch(SchedulerState):
             if req.seq not in pending:
                 continue
             if req.prefetch_retries >= cap:
-                del pending[req.seq], reqs[req.seq]
+                del pending[req.seq]
                 continue
             due = pending[req.seq]
             if due < 0:
                 due = pending[req.seq] = step + interval
             if due > step:
                 continue
-            del pending[req.seq], reqs[req.seq]
+            del pending[req.seq]
             ready.append(req)
         for req in ready:  # _retry_storage_prefetch
             req.prefetch_retries += 1
