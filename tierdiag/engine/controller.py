@@ -388,7 +388,9 @@ class CacheController:
                 self._remove(node, cause, now_ns)
         for node in kept:  # still device leaves: the next eviction's candidates again
             self.tree._push_device(node)
-        return self.device.free_pages >= pages_needed
+        # (the loop's last read of the pool's count, a generic attribute read compiled: nothing
+        # freed since, the loop left at its top or after popping no victim; pushing frees none)
+        return free_now >= pages_needed
 
     def _eviction_amount(self, free_pages: int, need_pages: int) -> int:
         """The rule set's `eviction_amount`: the two the rule sets use (rule_functions.py) called
