@@ -1,10 +1,14 @@
-"""The storage re-queries found by index (`StoragePrefetch._retry_prefetches`: the requests armed
-since the last pass and a due list in due order) against pop_ready's walk of the whole waiting
-queue (`_retry_prefetches_walk`, the reference), on the same operations: arming, admission (the
-entry dropped), a requeue that arms again, a re-query at admission (the armed one cancelled,
-`_prefetch_after_device_hit_loss`), passes with and without a waiting queue. Every pass's
-re-queries, the armed entries and their due passes are the reference's. (Unpatched: each
-engine calls its own method; tests/engine/test_fast_paths.py holds whole replays alike.)"""
+"""The storage re-queries found by index (`StoragePrefetch._retry_prefetches`: a due list in due
+order, set as each entry is armed, and the entries armed past the cap since the last pass) against
+pop_ready's walk of the whole waiting queue (`_retry_prefetches_walk`, the reference), on the same
+operations: arming, admission (the entry dropped), a requeue that arms again, a re-query at
+admission (the armed one cancelled, `_prefetch_after_device_hit_loss`), passes with and without a
+waiting queue. Every pass's re-queries, the armed entries and their due passes are the reference's.
+The reference's arms (the operations') are `poll_miss` as pop_ready reads it, due -1 until the
+first pass that sees the entry sets it; the indexed engine's `_arm_prefetch_retry` sets the due
+pass at once (that first pass is the next one), so an entry armed after the last pass is compared
+by the pass it will be due. (Unpatched: each engine calls its own method;
+tests/engine/test_fast_paths.py holds whole replays alike.)"""
 
 from __future__ import annotations
 
@@ -40,31 +44,45 @@ def _engine(fast: bool):
     return s, reqs, step
 
 
+def _reference_arm(s, r) -> None:
+    """StoragePrefetchRetries.poll_miss: armed (-1), its due pass set by the first pass that
+    sees it (`_retry_prefetches_walk`)."""
+    s.prefetch_retry_due[r.seq] = -1
+
+
 def _apply(fast: bool, ops) -> list:
     s, reqs, step = _engine(fast)
+    arm = s._arm_prefetch_retry if fast else (lambda r: _reference_arm(s, r))
     seen = []
     for name, arg in ops:
         r = reqs[arg] if name != "pass" else None
         queued = any(q is r for q in s.waiting)
         if name == "arm" and queued:
-            s._arm_prefetch_retry(r)
+            arm(r)
         elif name == "admit" and queued:  # _new_prefill's admission
             s.waiting.remove(r)
-            if s.prefetch_retry_due.pop(r.seq, 0) != 0:
-                del s.prefetch_retry_reqs[r.seq]
+            s.prefetch_retry_due.pop(r.seq, 0)
         elif name == "requeue" and not queued:  # back at the end of the queue, its query armed again
             s.waiting.append(r)
-            s._arm_prefetch_retry(r)
+            arm(r)
         elif name == "hit_loss" and queued:  # _prefetch_after_hit_loss: cancel, one more query now
-            if s.prefetch_retry_due.pop(r.seq, 0) != 0:
-                del s.prefetch_retry_reqs[r.seq]
+            s.prefetch_retry_due.pop(r.seq, 0)
             r.prefetch_retries += 1
             s._start_prefetch(r, 0)
         elif name == "pass":
             for _ in range(arg):
                 step(0)
                 seen.append((s.prefetch_pass, [q.prefetch_retries for q in reqs], dict(s.prefetch_retry_due)))
-    seen.append((sorted(s.prefetch_retry_due.items()), sorted(s.prefetch_retry_reqs)))
+        # every armed re-query is a queued request's (Engine.check_invariants)
+        assert set(s.prefetch_retry_due) <= {q.seq for q in s.waiting}
+    due = dict(s.prefetch_retry_due)
+    if not fast:  # armed since the last pass: due `interval` passes after the next one
+        interval, cap = s.retry_interval, s.retry_cap
+        by_seq = {q.seq: q for q in reqs}
+        for seq, at in due.items():
+            if at == -1 and by_seq[seq].prefetch_retries < cap:
+                due[seq] = s.prefetch_pass + 1 + interval
+    seen.append(sorted(due.items()))
     return seen
 
 

@@ -388,7 +388,9 @@ class CacheController:
                 self._remove(node, cause, now_ns)
         for node in kept:  # still device leaves: the next eviction's candidates again
             self.tree._push_device(node)
-        return self.device.free_pages >= pages_needed
+        # (the loop's last read of the pool's count, a generic attribute read compiled: nothing
+        # freed since, the loop left at its top or after popping no victim; pushing frees none)
+        return free_now >= pages_needed
 
     def _eviction_amount(self, free_pages: int, need_pages: int) -> int:
         """The rule set's `eviction_amount`: the two the rule sets use (rule_functions.py) called
@@ -457,17 +459,18 @@ class CacheController:
         else:
             amount = self._eviction_amount(free, pages_needed)
         target = free + amount
-        if self.reclaim_duplicates and self.host.free_pages < target:
+        if self.reclaim_duplicates and free < target:  # (nothing freed since `free` was read)
             self._reclaim_duplicates(target, cause, now_ns)
+        # (the pool's count is a generic attribute read compiled, ~200 instructions: read once a
+        # victim, and the last read answers)
         while True:
             free_now: int = self.host.free_pages  # (an int: a native compare, as evict_device's)
             if free_now >= target:
-                break
+                return free_now >= pages_needed
             node = self.tree.pop_host_victim()
             if node is None:
-                break
+                return free_now >= pages_needed  # (popping no victim frees nothing)
             self._remove(node, cause, now_ns)
-        return self.host.free_pages >= pages_needed
 
     def _reclaim_duplicates(self, target: int, cause: str | None, now_ns: int) -> None:
         """UnifiedTreeCore._reclaim_full_host_duplicates (0.5.23): walk the registered duplicates

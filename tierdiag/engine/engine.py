@@ -112,9 +112,8 @@ class Engine:
         for rank in self.ranks:
             check_rank(rank.device, rank.host, rank.tree, idle=idle)
             s = rank.scheduler  # every armed storage re-query is a queued request's (_retry_prefetches)
-            queued = set(map(id, s.waiting))
-            assert s.prefetch_retry_due.keys() == s.prefetch_retry_reqs.keys(), "re-query index drifted"
-            assert all(id(r) in queued and r.seq == seq for seq, r in s.prefetch_retry_reqs.items()), \
+            queued = {r.seq for r in s.waiting}
+            assert all(seq in queued for seq in s.prefetch_retry_due), \
                 "a storage re-query is armed for a request not in the waiting queue"
         if idle and self.deployment is not None:
             d = self.deployment

@@ -61,7 +61,9 @@ class StoragePrefetch(SchedulerState):
         tree, ctrl, ps = self.tree, self.ctrl, self.ps
         req.storage_skip_reason = None  # this query's verdict (a re-query replaces the last one)
         # init_next_round_input (match_prefix); a re-query's on an unchanged path from its memo
-        match, matched = query_match(tree, req, now, ctrl.prefetch_retry_interval != 0)
+        # (the interval as SchedulerState keeps it typed: the controller's copy is Any, a
+        # generic compare a query)
+        match, matched = query_match(tree, req, now, self.retry_interval != 0)
         req.storage_last_match = matched  # storage_prefetch_last_match_len, whatever the query decides
         storage = ctrl.storage
         assert storage is not None  # (typed: the hit's arithmetic below is plain ints compiled)
@@ -174,10 +176,11 @@ class StoragePrefetch(SchedulerState):
         if self.unallocated:
             queued, self.unallocated = self.unallocated, {}
             for req, anchor, matched, hits, span in queued.values():
-                if hits == 0:  # a miss (or a hit under the threshold): revoke_pending_prefetch
+                found: int = hits  # (typed: the entry's items are Any, a generic compare a query)
+                if found == 0:  # a miss (or a hit under the threshold): revoke_pending_prefetch
                     self.tree.release_host(anchor)
                     continue
-                self._alloc_prefetch(req, anchor, matched, hits, span, now)
+                self._alloc_prefetch(req, anchor, matched, found, span, now)
         # `_drain_ack_prefetch`: a read whose acks this drain takes is inserted into the tree now
         # (`_handle_prefetch_result`, "check_prefetch_progress() is not called for this rid
         # yet"), whether or not its request is polled in this pass
@@ -371,8 +374,7 @@ class StoragePrefetch(SchedulerState):
             req.storage_last_match = current
             return False
         self.tree.match(_matchable(req), now)  # the admission's match, before the skip
-        if self.prefetch_retry_due.pop(req.seq, 0) != 0:  # prefetch_from_storage: retries.cancel(rid)
-            del self.prefetch_retry_reqs[req.seq]
+        self.prefetch_retry_due.pop(req.seq, 0)  # prefetch_from_storage: retries.cancel(rid)
         req.prefetch_retries += 1
         req.storage_hit_end = None
         self._start_prefetch(req, now)
@@ -385,13 +387,27 @@ class StoragePrefetch(SchedulerState):
         The existence query costs no virtual time here (the engine knows the hit at once), so
         assuming changes the requested span, not the clock; a page the tier deleted meanwhile is
         not read (the hit stops before it, as SGLang's read would come back short there)."""
-        ctrl = self.ctrl  # (the rule set's flags, typed)
-        if ctrl.prefetch_retry_interval:
-            seq: Any = req.seq  # (boxed once for both dicts)
-            self.prefetch_retry_due[seq] = -1  # armed: the first pass that sees it sets its due pass
-            self.prefetch_retry_reqs[seq] = req
-            self.retry_armed.append(req)  # (_retry_prefetches' index of the unarmed)
-            if ctrl.prefetch_assume_stored:
+        interval = self.retry_interval  # (the rule field, typed: Scheduler.__init__)
+        if interval:
+            seq: Any = req.seq  # (boxed once for the dict's set)
+            if req.prefetch_retries < self.retry_cap:
+                # due `interval` passes after the first pass that sees it, which is the next
+                # `_retry_prefetches`: the pass count moves only there while an entry is armed
+                # (the decode run-ahead, decode.py `_decode_ahead`, stops for any), so that
+                # pass is `prefetch_pass + 1` and the due pass is set here, on the due list
+                # (its passes never decrease: the count only grows), not by a look at the
+                # next pass (issue 41: a dict get and set and an append a re-query)
+                due: Any = self.prefetch_pass + 1 + interval  # (boxed once for the dict and the list)
+                pending: dict[Any, Any] = self.prefetch_retry_due
+                due_pass: list[Any] = self.retry_due_pass
+                pending[seq] = due
+                due_pass.append(due)
+                self.retry_due_req.append(req)
+            else:
+                # past max_attempts: armed (due -1), dropped by the first pass that sees it
+                self.prefetch_retry_due[seq] = -1
+                self.retry_armed.append(req)
+            if self.ctrl.prefetch_assume_stored:
                 req.storage_hit_end = storage_hit_end
 
     def _retry_prefetches(self, now: int) -> None:
@@ -412,11 +428,9 @@ class StoragePrefetch(SchedulerState):
             return
         if not waiting:
             return
-        reqs = self.prefetch_retry_reqs
         head = waiting[0].seq
         if head in pending:
             del pending[head]
-            del reqs[head]
         step = self.prefetch_pass
         # The entries this pass acts on: unarmed (due -1: armed since the last pass that looked,
         # or dropped past max_attempts) and due; an armed entry is never over max_attempts (the
@@ -428,27 +442,23 @@ class StoragePrefetch(SchedulerState):
         # ~5 entries to act on a pass). `_retry_prefetches_walk` is the walk, kept as the reference.
         # The entries are found by index, not by a scan of every armed one each pass (issue 41:
         # the scan, 420k dict items boxed and looked up again on conversation[:6000], was as
-        # much as the re-queries' own matches): `retry_armed` holds the requests armed since the
-        # last look, and a due pass set here goes on the due list, whose passes never decrease
-        # (step + a fixed interval), so the due entries are a prefix of it. An index entry the
-        # dicts no longer agree with (admitted, cancelled, re-armed since) is skipped: a
-        # re-armed request's new due pass is always later than its old one.
+        # much as the re-queries' own matches): an entry's due pass is set as it is armed
+        # (`_arm_prefetch_retry`: the pass that first sees it + interval) and goes on the due
+        # list, whose passes never decrease, so the due entries are a prefix of it; `retry_armed`
+        # holds the entries armed past max_attempts (due -1), which the first pass that sees
+        # them drops. An index entry the dict no longer agrees with (admitted, cancelled,
+        # re-armed since) is skipped: a re-armed request's new due pass is never earlier than
+        # its old one, and one equal is the same request's, fired once.
         cap = self.retry_cap
-        due_pass, due_req = self.retry_due_pass, self.retry_due_req
         armed = self.retry_armed
         if armed:
             self.retry_armed = []
             for req in armed:
-                seq: Any = req.seq  # (boxed once for the dicts' look-ups below)
+                seq: Any = req.seq  # (boxed once for the look-up and the deletion)
                 if pending.get(seq, 0) != -1:
                     continue  # set by an earlier entry of this list, or dropped since
-                if req.prefetch_retries >= cap:
-                    del pending[seq]
-                    del reqs[seq]
-                    continue
-                pending[seq] = step + interval  # (interval >= 1: not due this pass)
-                due_pass.append(step + interval)
-                due_req.append(req)
+                del pending[seq]
+        due_pass, due_req = self.retry_due_pass, self.retry_due_req
         at, n = self.retry_head, len(due_pass)
         if at == n or due_pass[at] > step:
             return
@@ -457,11 +467,10 @@ class StoragePrefetch(SchedulerState):
             req = due_req[at]
             due = due_pass[at]
             at += 1
-            key: Any = req.seq  # (boxed once for the look-up and the two deletions)
+            key: Any = req.seq  # (boxed once for the look-up and the deletion)
             if pending.get(key, 0) != due:
                 continue  # stale
             del pending[key]
-            del reqs[key]
             if req.prefetch_retries >= cap:
                 continue
             ready.append(req)
@@ -506,11 +515,10 @@ class StoragePrefetch(SchedulerState):
                 self.prefetch_pass += 1  # the clock of the prefetch acks
             return
         self.prefetch_pass += 1
-        pending, waiting, reqs = self.prefetch_retry_due, self.waiting, self.prefetch_retry_reqs
+        pending, waiting = self.prefetch_retry_due, self.waiting
         if not pending or not waiting:
             return
-        if pending.pop(waiting[0].seq, 0) != 0:
-            del reqs[waiting[0].seq]
+        pending.pop(waiting[0].seq, 0)
         step = self.prefetch_pass
         if not any(due <= step for due in pending.values()):
             return
@@ -520,14 +528,14 @@ class StoragePrefetch(SchedulerState):
             if req.seq not in pending:
                 continue
             if req.prefetch_retries >= cap:
-                del pending[req.seq], reqs[req.seq]
+                del pending[req.seq]
                 continue
             due = pending[req.seq]
             if due < 0:
                 due = pending[req.seq] = step + interval
             if due > step:
                 continue
-            del pending[req.seq], reqs[req.seq]
+            del pending[req.seq]
             ready.append(req)
         for req in ready:  # _retry_storage_prefetch
             req.prefetch_retries += 1
@@ -625,8 +633,11 @@ class StoragePrefetch(SchedulerState):
 
 class StorageQueryMemo:
     """A storage query's tree match, kept for the request's re-queries: the tree, the request's
-    key run and match bound it was made for, the match, its pages, and the tree's change count
-    (RadixTree.mod_seq) just after it."""
+    key run and match bound it was made for, the match, its pages, the tree's change count
+    (RadixTree.mod_seq) just after it, and the key past the match (`keys[matched]`, None where
+    the match took every key it could): `_memo_holds` asks the path's end for that key's child
+    at every re-query, where an index of the run (Any: a list or an array) was a generic
+    `__getitem__` and an int boxed each time (issue 41: ~29k re-queries on conversation[:4000])."""
 
     def __init__(self, tree: RadixTree, keys: Any, bound: int, match: TreeMatch, matched: int, seq: int) -> None:
         self.tree = tree
@@ -635,6 +646,7 @@ class StorageQueryMemo:
         self.match = match
         self.matched = matched
         self.seq = seq
+        self.next_key: Any = keys[matched] if matched < min(len(keys), bound) else None
 
 
 def query_match(tree: RadixTree, req: Req, now: int, memo_it: bool) -> tuple[TreeMatch, int]:
@@ -676,7 +688,11 @@ def _memo_holds(memo: StorageQueryMemo, tree: RadixTree, req: Req) -> bool:
     if matched < min(len(req.keys), req.max_match_pages):
         last = match.last_node
         end = tree.root if last is None else last
-        if _child(end, req.keys[matched]) is not None:
+        # (the key run is the memo's and the bound too, checked above; a run only grows at its
+        # end (a requeue's output keys), so the memo's key is still the one at `matched`, and
+        # one past a run the memo saw end there is read now)
+        key = memo.next_key
+        if _child(end, req.keys[matched] if key is None else key) is not None:
             return False
     return True
 

@@ -141,8 +141,9 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.prefetch_limit_tokens = prefetch_limit_tokens(self.rules, ctrl.host.capacity, ctrl.device.capacity,
                                                            self.ps)
         self.prefetch_tokens_occupied = 0
-        # req seq -> pass its re-query is due (0.5.23); -1: armed, its due pass not set yet (the
-        # first pass that sees it sets it), an int so the compiled compare is typed
+        # req seq -> pass its re-query is due (0.5.23; set as it is armed); -1: armed past
+        # max_attempts, dropped by the first pass that sees it; an int so the compiled compare
+        # is typed
         self.prefetch_retry_due: dict[int, int] = {}
         # The rule fields every pass's storage half reads, typed: rules.py is interpreted, so a
         # RuleSet field read from compiled code is a generic attribute lookup
@@ -160,11 +161,12 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         self.r_backup_chains: bool = self.rules.backup_chains_ancestors
         self.load_back_threshold: int = cfg.load_back_threshold
         self.max_prefill_tokens: int = cfg.max_prefill_tokens
-        self.prefetch_retry_reqs: dict[int, Req] = {}  # the same seqs -> their requests
         # An index of prefetch_retry_due by due pass, so a pass touches only the entries it acts
-        # on (_retry_prefetches): the requests armed since the last pass that looked (due -1),
-        # and (due pass, request) in due order from `retry_head` on. Entries the dicts dropped
-        # since (admitted, cancelled, re-armed) are stale and skipped.
+        # on (_retry_prefetches): the requests armed past max_attempts since the last pass that
+        # looked (due -1), and (due pass, request) in due order from `retry_head` on. Entries the
+        # dict dropped since (admitted, cancelled, re-armed) are stale and skipped. (No map of
+        # the armed seqs to their requests: the index holds the requests, and nothing else
+        # read one; issue 41, a dict set and deletion a re-query.)
         self.retry_armed: list[Req] = []
         self.retry_due_pass: list[int] = []
         self.retry_due_req: list[Req] = []
@@ -627,8 +629,7 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
             arrived_at = self.arrived_at
             if req.seq in arrived_at:  # (compiled, `dict.pop` is a generic method call)
                 del arrived_at[req.seq]
-            if self.prefetch_retry_due.pop(req.seq, 0) != 0:
-                del self.prefetch_retry_reqs[req.seq]
+            self.prefetch_retry_due.pop(req.seq, 0)  # its armed re-query, if any, cancelled
             take, lb_ns, lb_pages = admitted
             items.append((req, take, lb_ns, lb_pages))
             budget -= -(-take // ps) * ps  # PrefillAdder._update_prefill_budget: page-ceiled
