@@ -41,8 +41,10 @@ SHARED_SESSION = {
     **dict.fromkeys(("tests/sglang/test_scheduler_0523.py", "tests/sglang/test_scheduler_long.py",
                      "tests/sglang/test_drive.py"), "sglang_0523_scheduler"),
     # tests/sweep/conftest.py's trace, singles and swept
-    **dict.fromkeys(("tests/sweep/test_sweep_cli.py", "tests/sweep/test_compare_report.py",
-                     "tests/sweep/test_sweep_ray.py"), "sweep singles and swept"),
+    **dict.fromkeys(("tests/sweep/test_sweep_cli.py", "tests/sweep/test_compare_report.py"), "sweep singles and swept"),
+    # README.md's `--ray` line (tests/support/shared_commands.py RAY_SWEEP): run by whichever comes
+    # first, the other waiting on its lock; on one worker neither waits.
+    "tests/sweep/test_sweep_ray.py": "tests/test_readme_blocks.py",
 }
 
 

@@ -28,6 +28,16 @@ def _main(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120, env=env)
 
 
+def _calibrate(*args: str) -> subprocess.CompletedProcess:
+    """`tierdiag calibrate ARGS` in this process (tests/support/cli.py `completed_in_process`, no
+    width, as a pipe's child has it): what it prints, writes and exits with, not the process. A
+    child was ~2.5 s of CPU more a call than the measurement itself (an interpreter importing
+    torch), which this process has imported already."""
+    from tests.support.cli import cli_env, completed_in_process
+
+    return completed_in_process("calibrate", *args, env=cli_env(columns=None))
+
+
 @functools.cache
 def _doctor(cplane: str, *args: str) -> subprocess.CompletedProcess:
     """`tierdiag doctor ARGS` in a subprocess with TIERDIAG_CPLANE=cplane, once per test process
@@ -219,7 +229,7 @@ def test_fit_recovers_overhead_and_bandwidth(overhead_ns, bytes_per_s, noise):
 
 def test_calibrate_quick_json_writes_the_profile_the_cost_model_reads(tmp_path):
     out = tmp_path / "sub" / "profile.json"
-    proc = _main("calibrate", "--quick", "--json", "--out", str(out))
+    proc = _calibrate("--quick", "--json", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)  # stdout is the JSON alone
     assert REQUIRED_PROFILE_KEYS <= set(data)
@@ -289,11 +299,11 @@ def test_calibrate_default_path_honours_xdg_cache_home(tmp_path, monkeypatch):
 def test_calibrate_text_output_and_unwritable_profile(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    proc = _main("calibrate", "--quick", "--out", str(blocker / "profile.json"))
+    proc = _calibrate("--quick", "--out", str(blocker / "profile.json"))
     assert proc.returncode == 6  # ExitCode.IO
     assert proc.stderr.startswith("tierdiag: error: cannot write ") and proc.stderr.count("\n") == 1
     assert "profile.json" in proc.stderr and "is not a folder" in proc.stderr
-    ok = _main("calibrate", "--quick", "--out", str(tmp_path / "p.json"))
+    ok = _calibrate("--quick", "--out", str(tmp_path / "p.json"))
     assert ok.returncode == 0, ok.stderr
     assert "load-back" in ok.stdout and "profile written to" in ok.stdout
     assert "path: what kernels.load_back uses" in ok.stdout and "Triton kernel:" in ok.stdout

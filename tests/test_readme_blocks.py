@@ -7,7 +7,8 @@ line of its block, with its `\\` continuations; comments are the shell's.
 Four README lines are also `next:` hint cases of tests/cli/test_next_hints.py (the tour's first
 replay, the SGLang import, the what-if sweep, the upgrade of the demo trace: 26 replays): each runs once per suite for
 both, as written, in a fresh folder like this one (tests/support/shared_commands.py), and what it
-wrote is copied here; none of them reads what an earlier block wrote.
+wrote is copied here; none of them reads what an earlier block wrote. The `--ray` sweep's line is
+shared so with tests/sweep/test_sweep_ray.py, which checks its runs' rows (one local Ray a suite).
 
 `tierdiag` is this checkout's CLI (a script on PATH), the folder holds a link to this checkout's
 `tierdiag/` (so `tierdiag/trace/samples/...` is the path the README gives), and HOME is the

@@ -210,12 +210,19 @@ def install(path: str | None = None, table: str = "read") -> bool:
     return True
 
 
-# What `summary` and `explain` import on a replay's run (`build`): the table holds what they use,
-# not every dataclass of the package (a bigger table is a longer read at every start).
+# What `summary` and `explain` import on a run of any kind (`build`): the table holds what they
+# use, not every dataclass of the package (a bigger table is a longer read at every start). Past
+# a plain replay's modules, each kind's lazy import (diagnose/views.py, app/views.py,
+# diagnose/request/explain.py): a data-parallel run's ranks and routing step (24-36 methods), a
+# sweep's run its upgrade step (54), an imported (observed) run its twin (108). Without them each
+# such command compiled those cold, at every start where bytecode is not written (~3.8 ms of CPU
+# for the upgrade step's); all 198 add ~0.45 ms to each start's read of the table (628 -> 826).
 READ_MODULES = ("tierdiag.app.views", "tierdiag.cli.explain", "tierdiag.cli.summary", "tierdiag.diagnose.views",
                 "tierdiag.diagnose.request.explain", "tierdiag.diagnose.run.summary", "tierdiag.diagnose.run.numbers",
                 "tierdiag.diagnose.run.kv_memory", "tierdiag.diagnose.session.sessions", "tierdiag.report.views",
-                "tierdiag.report.terminal", "tierdiag.report.run_lines")
+                "tierdiag.report.terminal", "tierdiag.report.run_lines", "tierdiag.diagnose.dp.ranks",
+                "tierdiag.diagnose.dp.routing", "tierdiag.diagnose.comparison.upgrade_step",
+                "tierdiag.diagnose.twin.observed")
 
 
 # What a replay imports (cli/replay.py's command, the engine, the writer's side in the engine's

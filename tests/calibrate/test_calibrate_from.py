@@ -13,7 +13,7 @@ import math
 import pytest
 
 from tests.calibrate.server import POOLS, export_server, run_server, workload
-from tests.diagnose.test_cli import run_cli
+from tests.diagnose.test_cli import run_cli, run_cli_here
 from tierdiag.config.profile import load_profile, preset_clock
 from tierdiag.diagnose.twin.calibrate import Geometry, calibrate_run, twin_error
 from tierdiag.diagnose.read.quantile import nearest_rank
@@ -104,7 +104,7 @@ def test_calibrated_twin_agrees_with_the_server_where_the_presets_do_not(clean, 
     twins = {}
     for name, extra in (("cal", ["--profile", str(profile)]), ("cal-again", ["--profile", str(profile)]),
                         ("preset", ["--model", "llama3-70b"])):
-        code, out, err, _ = run_cli("replay", str(trace), "--db", str(odb), "--run-name", name, *extra, *POOL_ARGS)
+        code, out, err = run_cli_here("replay", str(trace), "--db", str(odb), "--run-name", name, *extra, *POOL_ARGS)
         assert code == 0, err
         twins[name] = out
     assert "clock: calibrated on observed run" in " ".join(twins["cal"].split())
@@ -127,13 +127,13 @@ def test_calibrated_twin_agrees_with_the_server_where_the_presets_do_not(clean, 
     assert preset.by_class()["all"].median_rel == nearest_rank(rel, 0.5)
     assert preset.by_class()["all"].p90_abs_ms == nearest_rank(sorted(abs(t - o) / 1e6 for o, t in pairs), 0.9)
 
-    code, out, err, _ = run_cli("runs", "--db", str(odb))
+    code, out, err = run_cli_here("runs", "--db", str(odb))
     assert code == 0, err
     flat = "".join(out.split())  # the cell folds anywhere
     assert f"clock:calibratedonobservedrun{run_id}(51usablerequests;held-outprefillerrormedian0.0%" in flat
-    code, out, err, _ = run_cli("summary", "--run", "cal", "--db", str(odb))
+    code, out, err = run_cli_here("summary", "--run", "cal", "--db", str(odb))
     assert code == 0 and f"clock: calibrated on observed run {run_id}" in " ".join(out.split()), err
-    code, out, err, _ = run_cli("summary", "--run", "cal", "--db", str(odb), "--json")
+    code, out, err = run_cli_here("summary", "--run", "cal", "--db", str(odb), "--json")
     clock = json.loads(out)["clock"]
     assert (clock["source_run"], clock["usable_requests"], clock["kind"]) == (run_id, 51, "fitted")
     assert clock["sha256"] == load_profile(profile).sha256
@@ -148,8 +148,8 @@ def test_noise_widens_the_intervals_and_the_tool_says_so(server, clean, tmp_path
         assert noisy.params[name].rel_half_width > 100 * exact.params[name].rel_half_width, name
     assert noisy.wide and noisy.prefill_fit.scatter > 0.01
     assert noisy.params["prefill_ns_per_token"].value == pytest.approx(TRUE["prefill_ns_per_token"], rel=0.05)
-    code, out, err, _ = run_cli("calibrate", "--from", run_id, "--db", str(odb), "--model", "llama3-70b",
-                                "-o", str(tmp_path / "noisy.toml"))
+    code, out, err = run_cli_here("calibrate", "--from", run_id, "--db", str(odb), "--model", "llama3-70b",
+                                  "-o", str(tmp_path / "noisy.toml"))
     assert code == 0, err
     text = " ".join(out.split())
     assert "wide intervals (more than ±5%)" in text and "noise the model does not explain" in text
@@ -201,12 +201,12 @@ def test_no_host_hits_keeps_the_link_presets(tmp_path):
 
 def test_calibrate_from_errors(clean, tmp_path):
     odb, run_id, _ = clean
-    code, _, err, _ = run_cli("calibrate", "--from", run_id, "--db", str(odb))
+    code, _, err = run_cli_here("calibrate", "--from", run_id, "--db", str(odb))
     assert code == 2 and "-o" in err
-    code, _, err, _ = run_cli("calibrate", "--from", "nosuchrun", "--db", str(odb), "-o", str(tmp_path / "p.toml"))
+    code, _, err = run_cli_here("calibrate", "--from", "nosuchrun", "--db", str(odb), "-o", str(tmp_path / "p.toml"))
     assert code != 0 and "nosuchrun" in err and not (tmp_path / "p.toml").exists()
-    code, _, err, _ = run_cli("calibrate", "--from", run_id, "--db", str(odb), "--model", "gpt5", "-o",
-                              str(tmp_path / "p.toml"))
+    code, _, err = run_cli_here("calibrate", "--from", run_id, "--db", str(odb), "--model", "gpt5", "-o",
+                                str(tmp_path / "p.toml"))
     assert code == 2 and "llama3-70b" in err  # the known names
 
 
@@ -217,20 +217,20 @@ def test_config_sets_the_geometry_the_fit_prices_under(clean, tmp_path):
     odb, run_id, _ = clean
     cfg = tmp_path / "twin.toml"
     cfg.write_text('model = "llama3-70b"\ndevice_tokens = 28672\npage_size = 32\nmax_prefill_tokens = 8192\n')
-    code, out, err, _ = run_cli("calibrate", "--from", run_id, "--db", str(odb), "--config", str(cfg),
-                                "-o", str(tmp_path / "a.toml"), "--json")
+    code, out, err = run_cli_here("calibrate", "--from", run_id, "--db", str(odb), "--config", str(cfg),
+                                  "-o", str(tmp_path / "a.toml"), "--json")
     assert code == 0, err
     fitted = json.loads(out)
     assert fitted["geometry"] == {"model": "llama3-70b", "gpu": "h200", "page_size": 32,
                                   "max_prefill_tokens": 8192, "layerwise_overlap": True}
-    code, out, err, _ = run_cli("calibrate", "--from", run_id, "--db", str(odb), "--config", str(cfg),
-                                "--model", "llama3-8b", "-o", str(tmp_path / "b.toml"), "--json")
+    code, out, err = run_cli_here("calibrate", "--from", run_id, "--db", str(odb), "--config", str(cfg),
+                                  "--model", "llama3-8b", "-o", str(tmp_path / "b.toml"), "--json")
     assert code == 0, err
     assert json.loads(out)["geometry"]["model"] == "llama3-8b"
     before = cfg.read_text()
-    code, _, err, _ = run_cli("calibrate", "--from", run_id, "--db", str(odb), "--config", str(cfg), "-o", str(cfg))
+    code, _, err = run_cli_here("calibrate", "--from", run_id, "--db", str(odb), "--config", str(cfg), "-o", str(cfg))
     assert code == 2 and "--config" in err and cfg.read_text() == before
     cfg.write_text('page_sise = 32\n')
-    code, _, err, _ = run_cli("calibrate", "--from", run_id, "--db", str(odb), "--config", str(cfg),
-                              "-o", str(tmp_path / "c.toml"))
+    code, _, err = run_cli_here("calibrate", "--from", run_id, "--db", str(odb), "--config", str(cfg),
+                                "-o", str(tmp_path / "c.toml"))
     assert code == 3 and "page_sise" in err and not (tmp_path / "c.toml").exists()

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from tests.calibrate.server import POOLS, export_server, run_server, workload
-from tests.diagnose.test_cli import run_cli
+from tests.diagnose.test_cli import run_cli, run_cli_here
 from tierdiag.config.engine import EngineConfig
 from tierdiag.diagnose.twin.twin_error import twin_error
 from tierdiag.importers.load import import_sglang
@@ -66,7 +66,7 @@ def test_compare_shows_each_twins_error_and_clock(store):
     with open_store(db) as con:
         assert cal["twin_error"] == twin_error(con, observed, runs["calibrated-twin"]).to_json()
 
-    code, out, err, _ = run_cli("compare", "server-obs", "preset-twin", "calibrated-twin", "--db", str(db))
+    code, out, err = run_cli_here("compare", "server-obs", "preset-twin", "calibrated-twin", "--db", str(db))
     assert code == 0, err
     text = " ".join(out.split())
     assert f"twin preset-twin ({runs['preset-twin']}): clock: the presets' (llama3-70b on h200)" in text
@@ -75,7 +75,7 @@ def test_compare_shows_each_twins_error_and_clock(store):
     assert "tiered hit" in text and "device hit" in text
 
     # one twin: the agreement as before, its error and clock beside it (either order)
-    code, out, err, _ = run_cli("compare", "calibrated-twin", "server-obs", "--db", str(db), "--json")
+    code, out, err = run_cli_here("compare", "calibrated-twin", "server-obs", "--db", str(db), "--json")
     assert code == 0, err
     one = json.loads(out)
     assert one["replayed_run_id"] == runs["calibrated-twin"] and one["num_matched"] > 0
@@ -104,13 +104,13 @@ def test_explain_says_how_far_the_twin_was_for_this_request(store):
     assert e["twin_clock"].startswith(f"clock: calibrated on observed run {observed}")
     assert "the twin's TTFT for this request was" in e["steps"][2]["finding"]
 
-    code, out, err, _ = run_cli("explain", req, "--run", "server-obs", "--db", str(db))
+    code, out, err = run_cli_here("explain", req, "--run", "server-obs", "--db", str(db))
     assert code == 0, err
     text = " ".join(out.replace("│", " ").split())  # the panel's lines, joined
     assert "how far to trust steps 3-4 (from the twin): the twin's TTFT for this request was" in text
     assert f"clock: calibrated on observed run {observed}" in text
 
-    code, out, err, _ = run_cli("explain", req, "--run", "server-alone", "--db", str(alone), "--json")
+    code, out, err = run_cli_here("explain", req, "--run", "server-alone", "--db", str(alone), "--json")
     assert code == 0, err
     e = json.loads(out)
     assert e["twin_run_id"] is None and e["twin_ttft_error_ms"] is None and e["twin_clock"] is None

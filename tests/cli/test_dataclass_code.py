@@ -292,6 +292,15 @@ def test_the_read_commands_print_the_same_with_the_table_cold_and_warm(tmp_path,
     before = table.read_bytes()
     outs["built"] = run_all(nowrite)
     assert table.read_bytes() == before
+    # The other kinds of run, where bytecode is written: their lazy imports (a data-parallel run's
+    # ranks and routing step, a sweep's run its upgrade step, an imported run its twin) are in the
+    # built table, so explain (what summary imports on them and more) compiles nothing anew and
+    # writes nothing back.
+    for db, kind_req in _runs_of_other_kinds(tmp_path, late_run):
+        done = subprocess.run([sys.executable, "-c", entry, "explain", kind_req, "--db", str(db), "--json"],
+                              env=base, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert done.returncode == 0 and done.stdout, done.stderr
+        assert table.read_bytes() == before, f"explain {kind_req} of {db.stem} compiled methods the built table lacks"
     table.unlink()
     outs["cold"] = run_all(base)
     assert len(dc.load(str(table))) > 100
@@ -301,6 +310,38 @@ def test_the_read_commands_print_the_same_with_the_table_cold_and_warm(tmp_path,
             assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr), label
     assert all(p.returncode == 0 and p.stdout for p in outs["no table"])
 
+
+
+def _runs_of_other_kinds(tmp_path, late_run) -> list:
+    """(store, a request to explain) of a data-parallel run (the late trace at --dp 2), a
+    sweep's run (late_run's run with a sweep id: explain reads a run's upgrade step by it) and an
+    imported (observed) run."""
+    import shutil
+
+    import duckdb
+
+    from tests.cli.cli_helpers import REPLAY_ARGS
+    from tests.importers.sglang_export import record, write_export
+    from tests.support.cli import completed_in_process
+
+    dp = tmp_path / "dp.duckdb"
+    done = completed_in_process("replay", late_run.parent / "late.jsonl", "--db", dp, *REPLAY_ARGS, "--dp", "2")
+    assert done.returncode == 0, done.stderr
+    swept = tmp_path / "swept.duckdb"
+    shutil.copy(late_run, swept)
+    with duckdb.connect(str(swept)) as con:
+        con.execute("UPDATE runs SET sweep_id = 'sweep-t'")
+    observed = tmp_path / "observed.duckdb"
+    write_export(tmp_path / "export", "20251201_09", [record(f"r{i}", prompt=100 + i, device=64 * (i > 0), arrival_s=i)
+                                                       for i in range(4)])
+    done = completed_in_process("import", "sglang", tmp_path / "export", "--db", observed)
+    assert done.returncode == 0, done.stderr
+    out = []
+    for db in (dp, swept):
+        with duckdb.connect(str(db), read_only=True) as con:
+            [(req,)] = con.execute("SELECT req_id FROM requests WHERE status = 'finished' ORDER BY seq LIMIT 1").fetchall()
+        out.append((db, req))
+    return [*out, (observed, "r1")]
 
 
 _PROBE = "tierdiag_dc_probe"  # a module of the test's own, imported afresh by each build

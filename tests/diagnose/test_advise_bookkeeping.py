@@ -27,7 +27,7 @@ from tierdiag.diagnose.advice.verify import combination, own_combination
 
 from .test_advice_planted import Story
 from .test_advise_cli import _curve_size, _cycle
-from .test_cli import run_cli
+from .test_cli import run_cli_here
 
 pytest.importorskip("tierdiag.cli.replay")
 
@@ -167,7 +167,7 @@ def profiled(tmp_path_factory):
 
 
 def _advise_fails(db):
-    code, out, err, _ = run_cli("advise", "--db", str(db), "--budget", "1", "--jobs", "1")
+    code, out, err = run_cli_here("advise", "--db", str(db), "--budget", "1", "--jobs", "1")
     return code, out, err
 
 

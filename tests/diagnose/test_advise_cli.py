@@ -16,7 +16,7 @@ from .test_advice_planted import Story, _pushed_out
 pytest.importorskip("tierdiag.cli.replay")
 from tierdiag.cli.main import app  # noqa: E402
 
-from .test_cli import run_cli  # noqa: E402
+from .test_cli import run_cli, run_cli_here  # noqa: E402
 
 
 def _cycle(story: Story, prefixes: int = 6, pages: int = 16, rounds: int = 4) -> None:
@@ -70,14 +70,14 @@ def test_advise_confirms_the_change_and_explain_shows_it_verified(lost_prefix):
     assert [a["status"] for a in j["advice"]] == ["confirmed"]
     base_run = j["baseline"]["run_id"]
     # After advise, the default run is still the one the user made, not the candidate.
-    code, out, err, _ = run_cli("explain", "p0r2", "--db", str(lost_prefix), "--json")
+    code, out, err = run_cli_here("explain", "p0r2", "--db", str(lost_prefix), "--json")
     assert code == 0, err
     item = json.loads(out)["advice"][0]
     assert json.loads(out)["run_id"] == base_run and item["status"] == "confirmed"
     verified = item["verified"]
     assert verified["run_id"] == cand["run_id"] and verified["ttft_ms_after"] < verified["ttft_ms_before"]
     # The terminal verdict ends with the advice, verified.
-    code, text, _, _ = run_cli("explain", "p0r2", "--db", str(lost_prefix), "--run", base_run)
+    code, text, _ = run_cli_here("explain", "p0r2", "--db", str(lost_prefix), "--run", base_run)
     flat = " ".join(text.replace("│", " ").split())  # the verdict panel wraps its lines
     assert f"advice: set host_tokens = {size}" in flat and f"verified by run {cand['run_id']}" in flat
     assert "predicted in one pass (size curve, LRU)" in flat
@@ -98,7 +98,7 @@ def test_advise_without_the_trace_is_exit_3_naming_it(tmp_path):
 
 
 def test_advise_bad_budget_is_a_usage_error(lost_prefix):
-    code, _, err, _ = run_cli("advise", "--db", str(lost_prefix), "--budget", "0")
+    code, _, err = run_cli_here("advise", "--db", str(lost_prefix), "--budget", "0")
     assert code == 2 and "--budget 0" in err
 
 
@@ -142,5 +142,5 @@ def test_advise_confirms_a_storage_tier_and_predicts_the_host_pool_would_not_hel
 
 
 def test_advise_bad_host_memory_is_a_usage_error(lost_prefix):
-    code, _, err, _ = run_cli("advise", "--db", str(lost_prefix), "--host-memory", "lots")
+    code, _, err = run_cli_here("advise", "--db", str(lost_prefix), "--host-memory", "lots")
     assert code == 2 and "--host-memory 'lots'" in err

@@ -6,6 +6,7 @@ import duckdb
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.sql_rows import insert_rows
 from tierdiag.diagnose.request.causes import (CAUSES, NONE_TOLERANCE_PCT, TtftParts, cause_sql, primary_cause, routing_tokens,
                                       routing_tokens_sql)
 
@@ -122,8 +123,7 @@ def test_sql_and_python_agree(specs):
                 "recompute_ns BIGINT, dp_rank INTEGER, best_rank INTEGER, recomputed_tokens BIGINT, "
                 "best_rank_device_tokens BIGINT, best_rank_host_tokens BIGINT, arrival_device_tokens BIGINT, "
                 "arrival_host_tokens BIGINT, storage_match_tokens BIGINT)")
-    con.executemany(f"INSERT INTO requests ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-                    [[r[c] for c in cols] for r in rows])
+    insert_rows(con, f"INSERT INTO requests ({', '.join(cols)})", [[r[c] for c in cols] for r in rows])
     sql = dict(con.execute(f"SELECT req_id, {cause_sql('r')} FROM requests r").fetchall())
     tokens = dict(con.execute(f"SELECT req_id, {routing_tokens_sql('r')} FROM requests r").fetchall())
     for r in rows:

@@ -38,6 +38,18 @@ def run_cli(*args: str, watch: tuple[str, ...] = HEAVY) -> tuple[int, str, str, 
     return proc.returncode, proc.stdout, err.strip(), json.loads(heavy)
 
 
+def run_cli_here(*args: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `run_cli`'s command line run in this process
+    (tests/support/cli.py `tierdiag_in_process`, the console script's own path for the line, at
+    run_cli's width), for tests of what a command says and writes, not of what it imports: a
+    fresh interpreter was ~0.45 s of CPU a call, ~1.5 s where the command imports scipy
+    (`calibrate --from`)."""
+    from tests.support.cli import cli_env, tierdiag_in_process
+
+    r = tierdiag_in_process(*args, env=cli_env(columns=120), direct=True)
+    return r.code, r.out, r.err
+
+
 @pytest.mark.parametrize("args", [
     ("explain", "tier", "--json"),
     ("explain", "tier"),

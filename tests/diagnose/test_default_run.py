@@ -10,7 +10,7 @@ import duckdb
 from tierdiag.store.reader import open_store, resolve_run
 
 from .conftest import RunBuilder
-from .test_cli import run_cli
+from .test_cli import run_cli_here
 
 
 def _three_runs(tmp_path):
@@ -34,14 +34,14 @@ def test_default_run_is_the_newest_the_user_made_and_runs_marks_it(tmp_path):
     with open_store(path) as con:
         assert resolve_run(con, None).run_id == ids[0]
         assert resolve_run(con, ids[2]).run_id == ids[2]  # --run still reaches every run
-    code, out, err, _ = run_cli("runs", "--db", str(path), "--json")
+    code, out, err = run_cli_here("runs", "--db", str(path), "--json")
     assert code == 0, err
     assert {r["run_id"]: r["default"] for r in json.loads(out)} == {ids[0]: True, ids[1]: False, ids[2]: False}
-    code, text, err, _ = run_cli("runs", "--db", str(path))
+    code, text, err = run_cli_here("runs", "--db", str(path))
     assert code == 0, err
     table = text.split("config: model on GPU")[0]  # the legend below the table says what (default) means
     assert table.count("(default)") == 1 and table.index(ids[0]) < table.index("(default)") < table.index(ids[1])
-    code, out, err, _ = run_cli("summary", "--db", str(path), "--json")
+    code, out, err = run_cli_here("summary", "--db", str(path), "--json")
     assert code == 0, err
     assert json.loads(out)["run_id"] == ids[0]
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from tests.support.sql_rows import insert_rows
 from tierdiag.diagnose.run import size_curves as sc
 
 
@@ -989,7 +990,7 @@ def test_curve_columns_are_curve_requests_by_seq_with_the_ids_hashed(case):
     con = duckdb.connect(":memory:")
     con.execute(f"CREATE TABLE requests ({_REQ_COLUMNS})")
     if rows:
-        con.executemany(f"INSERT INTO requests VALUES ({', '.join(['?'] * 15)})", rows)
+        insert_rows(con, "INSERT INTO requests", rows)  # executemany's rows in one statement
     want = curve_requests(con, "R")
     for got in (curve_columns(con, "R"), curve_columns(con, "R", chunk_rows=chunk)):
         assert all(c.dtype == np.int64 for c in got)

@@ -16,7 +16,7 @@ import math
 
 import duckdb
 
-from tests.diagnose.test_cli import run_cli
+from tests.diagnose.test_cli import run_cli, run_cli_here
 from tests.importers.sglang_export import record, write_export
 
 SYS = list(range(1000, 1064))
@@ -37,8 +37,8 @@ def _export(tmp_path, ranks=(0, 1, 0, 1, 0, 1)):
 
 def _import(tmp_path, export, *extra):
     db, trace = tmp_path / "runs.duckdb", tmp_path / "twin.jsonl"
-    code, out, err, _ = run_cli("import", "sglang", str(export), "--db", str(db), "--run-name", "prod",
-                                "--trace-out", str(trace), "--json", *extra)
+    code, out, err = run_cli_here("import", "sglang", str(export), "--db", str(db), "--run-name", "prod",
+                                  "--trace-out", str(trace), "--json", *extra)
     assert code == 0, err
     return db, trace, json.loads(out)
 
@@ -57,7 +57,7 @@ def test_import_keeps_dp_rank_and_counts_the_ranks(tmp_path):
     con.close()
     assert rows == {f"r{i}": i % 2 for i in range(6)}
     assert cfg["dp_ranks"] == 2
-    code, out, err, _ = run_cli("import", "sglang", str(_export(tmp_path / "b")), "--db", str(tmp_path / "b.duckdb"))
+    code, out, err = run_cli_here("import", "sglang", str(_export(tmp_path / "b")), "--db", str(tmp_path / "b.duckdb"))
     assert code == 0 and "a twin replays with --dp 2" in " ".join(out.split())
 
 
@@ -73,14 +73,14 @@ def test_an_export_without_ranks_leaves_them_null(tmp_path):
 
 def test_a_negative_rank_is_a_bad_line(tmp_path):
     export = _export(tmp_path, (0, 1, -1, 1, 0, 1))
-    code, _, err, _ = run_cli("import", "sglang", str(export), "--db", str(tmp_path / "x.duckdb"))
+    code, _, err = run_cli_here("import", "sglang", str(export), "--db", str(tmp_path / "x.duckdb"))
     assert code == 3 and ":3:" in err and "'dp_rank' is negative (-1)" in err
 
 
 def test_compare_and_explain_give_the_twins_error_per_server_rank(tmp_path):
     db, trace, _ = _import(tmp_path, _export(tmp_path))
-    code, _, err, _ = run_cli("replay", str(trace), "--db", str(db), "--run-name", "twin", "--model", "tiny",
-                              "--gpu", "cpu", "--page-size", "16", "--device-tokens", "4096", "--host-tokens", "8192")
+    code, _, err = run_cli_here("replay", str(trace), "--db", str(db), "--run-name", "twin", "--model", "tiny",
+                                "--gpu", "cpu", "--page-size", "16", "--device-tokens", "4096", "--host-tokens", "8192")
     assert code == 0, err
     con = duckdb.connect(str(db), read_only=True)
     pairs = con.execute("""SELECT o.dp_rank, o.ttft_ns, t.ttft_ns, t.dp_rank FROM requests o
@@ -98,7 +98,7 @@ def test_compare_and_explain_give_the_twins_error_per_server_rank(tmp_path):
         assert r["median_abs_ms"] == _nearest([abs(t - o) / 1e6 for o, t, _ in mine], 0.5)
         assert r["p90_rel"] == _nearest([abs(t - o) / o for o, t, _ in mine], 0.9)
         assert r["same_rank"] == sum(tr == r["dp_rank"] for _, _, tr in mine)
-    code, out, err, _ = run_cli("compare", "prod", "twin", "--db", str(db))
+    code, out, err = run_cli_here("compare", "prod", "twin", "--db", str(db))
     assert code == 0 and "per server dp_rank" in out
     code, out, err, heavy = run_cli("explain", "r3", "--run", "prod", "--db", str(db), "--json")
     assert code == 0, err
@@ -126,7 +126,7 @@ def test_the_twin_replays_on_the_servers_ranks_unless_told(tmp_path):
     db, trace, _ = _import(tmp_path, _export(tmp_path, (0, 1, 2, 0, 1, 2)))
     small = ["--model", "tiny", "--gpu", "cpu", "--page-size", "16", "--device-tokens", "4096", "--host-tokens", "8192"]
     for name, extra, want in (("twin", [], 3), ("one", ["--dp", "1"], 1)):
-        code, _, err, _ = run_cli("replay", str(trace), "--db", str(db), "--run-name", name, *small, *extra)
+        code, _, err = run_cli_here("replay", str(trace), "--db", str(db), "--run-name", name, *small, *extra)
         assert code == 0, err
         con = duckdb.connect(str(db), read_only=True)
         cfg = json.loads(con.execute("SELECT config_json FROM runs WHERE name = ?", [name]).fetchone()[0])
@@ -137,7 +137,7 @@ def test_the_twin_replays_on_the_servers_ranks_unless_told(tmp_path):
     # A config file's dp is the user's word, above the import's.
     toml = tmp_path / "c.toml"
     toml.write_text("dp = 2\n")
-    code, _, err, _ = run_cli("replay", str(trace), "--db", str(db), "--run-name", "file", "--config", str(toml), *small)
+    code, _, err = run_cli_here("replay", str(trace), "--db", str(db), "--run-name", "file", "--config", str(toml), *small)
     assert code == 0, err
     con = duckdb.connect(str(db), read_only=True)
     assert json.loads(con.execute("SELECT config_json FROM runs WHERE name = 'file'").fetchone()[0])["dp"] == 2

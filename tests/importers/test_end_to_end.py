@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from tests.diagnose.test_cli import run_cli
+from tests.diagnose.test_cli import run_cli, run_cli_here
 from tests.importers.sglang_export import record, write_export
 from tierdiag.diagnose.twin.observed import agreement
 from tierdiag.store.reader import open_store, resolve_run
@@ -34,16 +34,16 @@ def test_import_replay_compare_explain(tmp_path):
     ], gz=True)
     db, trace = tmp_path / "runs.duckdb", tmp_path / "twin.jsonl"
 
-    code, out, err, _ = run_cli("import", "sglang", str(export), "--db", str(db), "--run-name", "prod",
-                                "--trace-out", str(trace), "--json")
+    code, out, err = run_cli_here("import", "sglang", str(export), "--db", str(db), "--run-name", "prod",
+                                  "--trace-out", str(trace), "--json")
     assert code == 0, err
     imported = json.loads(out)
     assert (imported["num_requests"], imported["trace_requests"], imported["trace_text_only"]) == (5, 4, 1)
     assert "exported as text only" in err and "--skip-tokenizer-init" in err
 
-    code, _, err, _ = run_cli("replay", str(trace), "--db", str(db), "--run-name", "twin", "--model", "tiny",
-                              "--gpu", "cpu", "--page-size", "16", "--device-tokens", "4096",
-                              "--host-tokens", "8192")
+    code, _, err = run_cli_here("replay", str(trace), "--db", str(db), "--run-name", "twin", "--model", "tiny",
+                                "--gpu", "cpu", "--page-size", "16", "--device-tokens", "4096",
+                                "--host-tokens", "8192")
     assert code == 0, err
 
     with open_store(db) as con:
@@ -59,7 +59,7 @@ def test_import_replay_compare_explain(tmp_path):
     assert (c["num_matched"], c["num_split_match"], c["observed_run_name"]) == (4, 4, "prod")
     assert len(c["requests"]) == 4 and all(p["split_match"] for p in c["requests"])
     assert heavy == [], f"compare imported {heavy}"
-    code, out, err, _ = run_cli("compare", "twin", "prod", "--db", str(db))  # either order
+    code, out, err = run_cli_here("compare", "twin", "prod", "--db", str(db))  # either order
     assert code == 0 and "matches within one page (16 tokens per tier) for 4 of 4" in " ".join(out.split())
 
     code, out, err, heavy = run_cli("explain", "r2", "--run", "prod", "--db", str(db), "--json")

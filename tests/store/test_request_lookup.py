@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.sql_rows import insert_rows
 from tierdiag.store import lookup as L
 from tierdiag.store.writer import init_store
 
@@ -27,8 +28,8 @@ def _store(path: Path, runs: dict[str, list[str]]) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(str(path))
     init_store(con)
     for run_id, ids in runs.items():
-        con.executemany("INSERT INTO requests (run_id, req_id, seq) VALUES (?, ?, ?)",
-                        [(run_id, rid, seq) for seq, rid in enumerate(ids)])
+        # executemany's rows in one statement (a statement a row: ~2 ms of CPU a row)
+        insert_rows(con, "INSERT INTO requests (run_id, req_id, seq)", [(run_id, rid, seq) for seq, rid in enumerate(ids)])
     return con
 
 

@@ -1,11 +1,12 @@
 """One run per suite of a `tierdiag` command line that tests in different files run exactly as a
 user types it in a fresh folder (issue 41's suite time: four of README.md's commands are also
-`next:` hint cases; the upgrade of the demo trace is 26 replays each time).
+`next:` hint cases; the upgrade of the demo trace is 26 replays each time; the `--ray` sweep,
+checked by tests/sweep/test_sweep_ray.py too, starts a local Ray cluster).
 
 `shared_command(tmp_path_factory, argv)` runs `tierdiag ARGV...` once per suite run, in a fresh
 folder holding only a link `tierdiag` to this checkout's package (so the README's and the hints'
 paths `tierdiag/trace/samples/...` resolve) with HOME set to that folder, as tests/test_readme_blocks.py
-and tests/cli/test_next_hints.py run their commands; a later call with the same argv, in this
+and tests/cli/test_next_hints.py run their commands (test_sweep_ray.py reads the `--ray` line's store); a later call with the same argv, in this
 process or another pytest-xdist worker, waits on the folder's lock and gets the same result.
 `copy_outputs(folder, into)` copies what the command wrote into a test's own folder (refusing to
 overwrite anything there): the shared folder is only read.
@@ -38,7 +39,11 @@ SWEEP_WHAT_IF = ("sweep", "tierdiag/trace/samples/demo.jsonl", "--db", "what-if.
                  "--set", "host_tokens=128k,512k", "--set", "write_policy=write_through,write_back", "--jobs", "2")
 UPGRADE_DEMO = ("replay", "tierdiag/trace/samples/demo.jsonl", "--device-tokens", "98304", "--sglang", "0.5.9,0.5.23",
                 "--jobs", "2", "--db", "upgrade.duckdb")
-README_SHARED = (REPLAY_DEMO, IMPORT_PROD, SWEEP_WHAT_IF, UPGRADE_DEMO)
+# README.md's `--ray` line, which tests/sweep/test_sweep_ray.py checks too: a local Ray cluster
+# started once a suite, not twice (~6-7 s of CPU each start and sweep, its daemons included).
+RAY_SWEEP = ("sweep", "tierdiag/trace/samples/demo.jsonl", "--db", "ray.duckdb", "--set", "device_tokens=98304",
+             "--set", "host_tokens=128k,512k", "--ray")
+README_SHARED = (REPLAY_DEMO, IMPORT_PROD, SWEEP_WHAT_IF, UPGRADE_DEMO, RAY_SWEEP)
 
 
 def command_env(folder: Path) -> dict[str, str]:
