@@ -38,12 +38,11 @@ from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.cached_split import split_kind
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
-from tierdiag.engine.decode import DecodeSteps
 from tierdiag.engine.emitters import Emitters
 from tierdiag.engine.miss import MissTracker
-from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
+from tierdiag.engine.prefetch import prefetch_limit_tokens
 from tierdiag.engine.queue_policy import queue_policy
-from tierdiag.engine.records import DecodeRuns, RequestRecords
+from tierdiag.engine.records import DecodeRuns
 from tierdiag.engine.request import Req
 from tierdiag.engine.rules import config_rules
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, NO_TOKEN, OTHER,
@@ -67,11 +66,12 @@ _HEAPPUSH: Final = heappush
 _HEAPPOP: Final = heappop
 
 
-class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
+class Scheduler(Admission):
     """The loop on the virtual clock, arrivals and the choice of the next batch; admission and
     completion into the tree (admission.py), decode steps (decode.py), the storage prefetch
-    (prefetch.py) and the request records (request.py) are its mixins, the queue order a
-    function of queue_policy.py."""
+    (prefetch.py) and the request records (records.py) are its mixins, the queue order a
+    function of queue_policy.py. The mixins are one chain of bases (schedule_common.SchedulerState
+    says why), Admission the last."""
 
     def __init__(self, cfg: EngineConfig, cost: CostModel, tree: RadixTree, ctrl: CacheController,
                  probe, stats: EngineStats, progress: Callable[[int, int, EngineStats], None] | None = None):
