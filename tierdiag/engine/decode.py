@@ -249,7 +249,7 @@ class DecodeSteps(StoragePrefetch):
         if len(due) > 1:
             due = _in_batch_order(due, self.running)
         for r in due:
-            self.at(end, self._finish, r)
+            self.at(end, self._finish_fn, r)
 
     def _decode(self, now: int) -> int | None:
         """Scheduler.update_running_batch: `check_decode_mem`; when the step does not fit,
@@ -348,11 +348,11 @@ class DecodeSteps(StoragePrefetch):
         fin_step = fin if fin is not None else -1  # k + 1 >= 1: never met where nobody finishes
         if _STEPS_C:
             k, end, steps, ratio, _ = decode_steps_c(self._page_ring, self.ps, k, end, limit, fin_step, self._kv_base, n,
-                                                     ratio, self.cost, wakes, self._give_step, self.emit.decode_step,
+                                                     ratio, self.cost, wakes, self._give_step_fn, self.emit.decode_step,
                                                      running, self.rank)
         else:
             k, end, steps, ratio, _ = decode_steps_py(self._page_ring, self.ps, k, end, limit, fin_step, self._kv_base, n,
-                                                      ratio, self.cost, wakes, self._give_step, self.emit.decode_step,
+                                                      ratio, self.cost, wakes, self._give_step_fn, self.emit.decode_step,
                                                       running, self.rank)
         self.dstep = k
         self.stats.decode_steps += steps

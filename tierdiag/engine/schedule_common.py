@@ -135,6 +135,8 @@ class SchedulerState:
     _cur_offset: int
     _prefill_done_fn: Any  # self._prefill_done and self._cache_unfinished, bound once (Scheduler.__init__)
     _cache_unfinished_fn: Any
+    _give_step_fn: Any  # self._give_step and self._finish, bound once (Scheduler.__init__)
+    _finish_fn: Any
 
     # The methods one mixin calls on another (or on Scheduler itself), declared here with their
     # signatures; each is defined once, where its docstring is (Scheduler's MRO puts every
