@@ -241,12 +241,23 @@ def _stuck_rank(lanes: list[_Lane], now: int, ran_mask: int) -> bool:
 
 
 def _ahead_limit(src: ArrivalSource, now: int, closed: bool, has_next: bool, src_next: int,
-                 events: list[tuple[int, Any, Scheduler, Any, Any]]) -> int | None:
+                 own: list[int]) -> int | None:
     """Where a rank's run-ahead from `now` stops: the next arrival (asked of the source in a
-    closed loop) or event, whichever is first; None where there is neither."""
+    closed loop) or the rank's own next event (`own`: its events' times, a heap), whichever is
+    first; None where there is neither. Another rank's event is no limit (issue 41 session 33:
+    on a --dp 8 conversation replay it stopped most runs): what it changes reaches this rank
+    only at an arrival (the router's view: peeks, `ranks_json`, the gateway's counts) or by an
+    event of this rank's own (a copy's or a storage write's ack, a load-back's, a finish, a wake
+    its storage work asked for); the plain decode steps run ahead read nothing shared (no
+    storage query, read or write in flight: `_decode_ahead`'s checks); an idle rank's pass at a
+    wake the longer run leaves out keeps its times (a second backup flush starts at the link's
+    free time, which its first copy's ack, an event, ends; a storage write's start and ack are
+    its rank's own wakes), and a rank stuck for memory or a prefetch still wakes at every step
+    of every run (`AheadRun.starts`). tests/engine/test_fast_paths.py holds every event equal to
+    the pass-by-pass loop's and to the loop's that stopped at every rank's next event."""
     limit = src.next_ns(now) if closed else (src_next if has_next else None)
-    if events:
-        head_ns = events[0][0]
+    if own:
+        head_ns = own[0]
         if limit is None or head_ns < limit:
             limit = head_ns
     return limit
@@ -276,6 +287,9 @@ class Deployment:
         # (its order an object: only the time is read natively, one unbox a head, not two)
         self.events: list[tuple[int, Any, Scheduler, Any, Any]] = []
         self._order = itertools.count(1)
+        # Each rank's events' times (a heap of ints beside `events`: pushed by its `at`, popped
+        # with its event): where its run-ahead stops (`_ahead_limit`)
+        self.own_times: list[list[int]] = [[] for _ in ranks]
         self.in_flight: dict[int, tuple[int, RequestView]] = {}  # request seq -> (rank, what the router saw)
         self.session_rank: dict[str, int] = {}  # a session's last rank (where its dropped turns are recorded)
         self.arrivals: ArrivalSource | None = None
@@ -286,10 +300,11 @@ class Deployment:
             sched.on_leave = self._leave
 
     def _at_for(self, sched: Scheduler):
-        push, order, events = heapq.heappush, self._order, self.events
+        push, order, events, own = heapq.heappush, self._order, self.events, self.own_times[sched.rank]
 
         def at(t_ns: int, fn, arg) -> None:
             push(events, (t_ns, next(order), sched, fn, arg))
+            push(own, t_ns)
 
         return at
 
@@ -302,13 +317,14 @@ class Deployment:
             sched.arrivals = src
         lanes = [_Lane(sched) for sched in ranks]
         events = self.events
+        own_times = self.own_times
         pop = heapq.heappop
         ticks = [t for t in dict.fromkeys(s.emit.tick for s in ranks) if t is not None]
         arrive = self._arrive
         # An idle rank passes (Scheduler.idle_pass) only where that can change something
         # (idle_pass_changes): ~586k calls of a --dp 8 conversation replay, most at wakes for
         # another rank's batch or events.
-        # What a rank does before the next arrival or event reaches no other rank unless it
+        # What a rank does before the next arrival or its own next event reaches no other rank unless it
         # evicts (host and storage writes), finishes (the router, the storage tier) or emits a
         # decode-step event (one stream, in clock order); passes that can only be plain decode
         # steps run at once (DecodeSteps.run_decode_ahead checks the rest). Not in a closed loop
@@ -344,6 +360,7 @@ class Deployment:
                         arrive(t, at, trace_at, think_ms)
                 while events and events[0][0] <= now:
                     t_ns, _, sched, fn, arg = pop(events)
+                    pop(own_times[sched.rank])  # (the rank's earliest: no event of it is before this one)
                     sched.event_ns = t_ns
                     fn(arg)
                 if deliver:
@@ -373,9 +390,13 @@ class Deployment:
                     # arrival cut this rank's run; issue 41 session 32). Where it is not (a prefill,
                     # a finish, an eviction, storage work), the run-ahead ran nothing and the pass
                     # runs as below.
-                    if runs_ahead and own and sched.running:
+                    # (`_decode_ahead`'s first checks, here: a rank with a request to prefill runs
+                    # nothing ahead, ~36k tries of ~190k at --dp 8 on the conversation trace)
+                    if runs_ahead and own and sched.running and sched.chunked is None \
+                            and (not sched.waiting or sched.batch_is_full):
                         first_step = sched.dstep
-                        end = sched.run_decode_ahead(now, _ahead_limit(src, now, closed, has_next, src_next, events))
+                        end = sched.run_decode_ahead(now, _ahead_limit(src, now, closed, has_next, src_next,
+                                                                       own_times[rank]))
                         if sched.dstep > first_step:
                             last = _start_run(run_at_once, rank, sched, now, first_step, end)
                             if last > at_once_until:
@@ -391,7 +412,7 @@ class Deployment:
                     if ended is not None:
                         end = ended  # (unboxed once)
                         if runs_ahead:
-                            limit = _ahead_limit(src, now, closed, has_next, src_next, events)
+                            limit = _ahead_limit(src, now, closed, has_next, src_next, own_times[rank])
                             start, first_step = end, sched.dstep
                             end = sched.run_decode_ahead(end, limit)
                             if sched.dstep > first_step:
