@@ -173,20 +173,20 @@ def _replay_cut_at_every_event(reqs, cfg, monkeypatch) -> tuple[list, dict]:
     from tierdiag.engine import deployment
 
     own_limit = deployment._ahead_limit
-    engines: list[Engine] = []
-    real_init = Engine.__init__
+    deployments: list = []
+    real_init = deployment.Deployment.__init__
 
     def keep(self, *args, **kw):
         real_init(self, *args, **kw)
-        engines.append(self)
+        deployments.append(self)
 
     def every_rank(src, now, closed, has_next, src_next, _own):
-        # every rank's pending events' times (a heap of them: its head is the least)
-        every = sorted(entry[0] for entry in engines[-1].deployment.events)
-        return own_limit(src, now, closed, has_next, src_next, every)
+        # the next event of any rank as the rank's own (the shared heap's head)
+        events = deployments[-1].events
+        return own_limit(src, now, closed, has_next, src_next, [events[0][0]] if events else [])
 
     with monkeypatch.context() as mp:
-        mp.setattr(Engine, "__init__", keep)
+        mp.setattr(deployment.Deployment, "__init__", keep)
         mp.setattr(deployment, "_ahead_limit", every_rank)
         return _replay(reqs, cfg, True, False, monkeypatch)
 

@@ -288,8 +288,12 @@ class Deployment:
         self.events: list[tuple[int, Any, Scheduler, Any, Any]] = []
         self._order = itertools.count(1)
         # Each rank's events' times (a heap of ints beside `events`: pushed by its `at`, popped
-        # with its event): where its run-ahead stops (`_ahead_limit`)
+        # with its event): where its run-ahead stops (`_ahead_limit`). Kept while steps may run
+        # ahead: not once a closed loop has met a session (`_untrack`), where two heap
+        # operations an event were +0.3 % instructions on a --dp 4 synth replay (issue 41
+        # session 33), nor where a probe takes the decode steps
         self.own_times: list[list[int]] = [[] for _ in ranks]
+        self.track_own = True
         self.in_flight: dict[int, tuple[int, RequestView]] = {}  # request seq -> (rank, what the router saw)
         self.session_rank: dict[str, int] = {}  # a session's last rank (where its dropped turns are recorded)
         self.arrivals: ArrivalSource | None = None
@@ -304,9 +308,20 @@ class Deployment:
 
         def at(t_ns: int, fn, arg) -> None:
             push(events, (t_ns, next(order), sched, fn, arg))
+
+        def at_tracked(t_ns: int, fn, arg) -> None:
+            push(events, (t_ns, next(order), sched, fn, arg))
             push(own, t_ns)
 
-        return at
+        return at_tracked if self.track_own else at
+
+    def _untrack(self) -> None:
+        """No rank's steps run ahead from here on: their events' times are no longer kept."""
+        self.track_own = False
+        for sched in self.ranks:
+            sched.at = sched.ctrl.at = self._at_for(sched)
+        for times in self.own_times:
+            times.clear()
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, requests: Iterable[TraceRequest]) -> EngineStats:
@@ -333,6 +348,7 @@ class Deployment:
         # nothing: it waits for memory or a prefetch), as such a rank passes at every wake.
         ahead = all(s.decode_ahead and s.emit.decode_step is None for s in ranks)
         closed = src.closed
+        track = self.track_own
         # Per rank: its last passes run at once, as what their times are made from (AheadRun);
         # the times themselves only where a stuck rank asks for them (no conversation replay does)
         run_at_once: list[AheadRun | None] = [None for _ in ranks]
@@ -360,7 +376,8 @@ class Deployment:
                         arrive(t, at, trace_at, think_ms)
                 while events and events[0][0] <= now:
                     t_ns, _, sched, fn, arg = pop(events)
-                    pop(own_times[sched.rank])  # (the rank's earliest: no event of it is before this one)
+                    if track:
+                        pop(own_times[sched.rank])  # (the rank's earliest: no event of it is before this one)
                     sched.event_ns = t_ns
                     fn(arg)
                 if deliver:
@@ -382,6 +399,9 @@ class Deployment:
                 if now >= free and (sched.waiting or sched.running or sched.chunked is not None):
                     batched = True
                     runs_ahead = ahead and not (closed and src.num_sessions)
+                    if track and not runs_ahead:  # (for good: a closed loop's sessions only come)
+                        self._untrack()
+                        track = False
                     own = sched.pass_fn is sched._own_pass
                     # A pass that can only be a plain decode step is the first of the run-ahead's
                     # steps (`_decode_ahead` checks the state that makes it one, as it does for
