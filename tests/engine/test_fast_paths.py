@@ -151,6 +151,109 @@ def test_long_decodes_take_the_fast_path_and_keep_their_times(dp, monkeypatch):
     assert fast[1]["decode_steps"] >= 300
 
 
+def _runs_by_rank(monkeypatch) -> list[tuple[int, int]]:
+    """(rank, steps) of every `run_decode_ahead` call that ran steps, as the replay goes."""
+    runs: list[tuple[int, int]] = []
+    real = DecodeSteps.run_decode_ahead
+
+    def counting(self, end, limit, wakes=None, fold=None):
+        first = self.dstep
+        out = real(self, end, limit, wakes, fold)
+        if self.dstep > first:
+            runs.append((self.rank, self.dstep - first))
+        return out
+
+    monkeypatch.setattr(DecodeSteps, "run_decode_ahead", counting)
+    return runs
+
+
+def _replay_cut_at_every_event(reqs, cfg, monkeypatch) -> tuple[list, dict]:
+    """`_replay` with the fast paths, each rank's run-ahead stopped at the next event of any rank
+    (as Deployment.run stopped it up to session 32) instead of at its own rank's next event."""
+    from tierdiag.engine import deployment
+
+    own_limit = deployment._ahead_limit
+    deployments: list = []
+    real_init = deployment.Deployment.__init__
+
+    def keep(self, *args, **kw):
+        real_init(self, *args, **kw)
+        deployments.append(self)
+
+    def every_rank(src, now, closed, has_next, src_next, _own):
+        # the next event of any rank as the rank's own (the shared heap's head)
+        events = deployments[-1].events
+        return own_limit(src, now, closed, has_next, src_next, [events[0][0]] if events else [])
+
+    with monkeypatch.context() as mp:
+        mp.setattr(deployment.Deployment, "__init__", keep)
+        mp.setattr(deployment, "_ahead_limit", every_rank)
+        return _replay(reqs, cfg, True, False, monkeypatch)
+
+
+def test_a_rank_runs_ahead_past_another_rank_s_events(monkeypatch):
+    """Rank 0 decodes a long output while rank 1 prefills two long prompts (round_robin: long,
+    mid on rank 0; big, big2 on rank 1, all at 0). Rank 1's events (a prefill's end, its
+    backups' acks, its finishes) were each a stop of rank 0's run-ahead, a trip round the loop
+    and a pass of rank 0 at the step that crossed it; now only rank 0's own events (its
+    requests' finishes) and arrivals stop it. Every event, in order, and the stats are the
+    pass-by-pass loop's, and the loop's that stopped at every event."""
+    reqs = [TraceRequest("long", 0, 1, 0, 4 * PS + 1, 80, (1, 2, 3, 4, 10**9), None),
+            TraceRequest("big", 1, 2, 0, 30 * PS + 1, 30, tuple(range(1000, 1030)) + (10**9 + 1,), None),
+            TraceRequest("mid", 2, 3, 0, 3 * PS + 1, 20, (2000, 2001, 2002, 10**9 + 2), None),
+            TraceRequest("big2", 3, 4, 0, 30 * PS + 1, 30, tuple(range(3000, 3030)) + (10**9 + 3,), None)]
+    cfg = small_config(dp=2, router="round_robin", device_tokens=64 * PS, host_tokens=128 * PS)
+    runs = _runs_by_rank(monkeypatch)
+    own = _replay(reqs, cfg, True, False, monkeypatch)
+    own_runs = list(runs)
+    runs.clear()
+    every = _replay_cut_at_every_event(reqs, cfg, monkeypatch)
+    every_runs = list(runs)
+    passes = _replay(reqs, cfg, False, False, monkeypatch)
+    assert own[1] == every[1] == passes[1]
+    assert [_comparable(e) for e in own[0]] == [_comparable(e) for e in every[0]] == \
+        [_comparable(e) for e in passes[0]]
+    rank0_own = [steps for rank, steps in own_runs if rank == 0]
+    rank0_every = [steps for rank, steps in every_runs if rank == 0]
+    # the same steps ahead, in fewer runs: rank 1's events cut rank 0's only where they stop it all
+    assert sum(rank0_own) == sum(rank0_every) >= 70, (rank0_own, rank0_every)
+    assert len(rank0_own) < len(rank0_every), (rank0_own, rank0_every)
+    assert [steps for rank, steps in own_runs if rank == 1] == [steps for rank, steps in every_runs if rank == 1]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reqs=workloads(), dp=st.integers(2, 8), router=st.sampled_from(ROUTER_NAMES),
+       storage=st.sampled_from([0, 48 * PS]), device=st.integers(4, 40),
+       write_policy=st.sampled_from(["write_through", "write_back"]), sessions=st.integers(0, 2),
+       arrivals=st.sampled_from(["trace", "closed"]), mixed=st.booleans(),
+       sglang=st.sampled_from(["0.5.9", "0.5.23"]))
+def test_runs_ahead_past_other_ranks_events_change_no_event(reqs, dp, router, storage, device, write_policy,
+                                                           sessions, arrivals, mixed, sglang, tmp_path_factory,
+                                                           monkeypatch):
+    """A rank's run-ahead stopped only by its own events and the arrivals, on 2-8 ranks, every
+    router, small devices (evictions, retractions, ranks stuck for memory: they wake at every
+    step run ahead), storage tiers (another rank's writes and reads on the shared tier, its
+    storage acks and wakes), write policies (the second backup flush of an idle rank), both rule
+    sets, open and closed loop: every event, in order, and the stats are the pass-by-pass
+    loop's, and the loop's that stopped each run at every rank's next event."""
+    if sessions:
+        reqs = _with_sessions(reqs, sessions)
+    runs = []
+    for mode in ("passes", "own", "every"):
+        cfg = small_config(dp=dp, router=router, device_tokens=device * PS, host_tokens=2 * device * PS,
+                           storage_tokens=storage, write_policy=write_policy, arrivals=arrivals,
+                           enable_mixed_chunk=mixed, router_balance_abs_threshold=2, sglang_rules=sglang,
+                           storage_dir=str(tmp_path_factory.mktemp("ahead")) if storage else None)
+        if mode == "every":
+            runs.append(_replay_cut_at_every_event(reqs, cfg, monkeypatch))
+        else:
+            runs.append(_replay(reqs, cfg, mode == "own", False, monkeypatch))
+    (ref_events, ref_stats) = runs[0]
+    for events, stats in runs[1:]:
+        assert stats == ref_stats
+        assert [_comparable(e) for e in events] == [_comparable(e) for e in ref_events]
+
+
 
 def _with_sessions(reqs, sessions: int):
     """`reqs` with every odd one a turn of one of `sessions` sessions (the even ones without)."""

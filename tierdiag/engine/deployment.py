@@ -33,7 +33,6 @@ the engine before deployments).
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
 from bisect import bisect_right
 from typing import Any, Final, Iterable, Sequence
@@ -241,12 +240,23 @@ def _stuck_rank(lanes: list[_Lane], now: int, ran_mask: int) -> bool:
 
 
 def _ahead_limit(src: ArrivalSource, now: int, closed: bool, has_next: bool, src_next: int,
-                 events: list[tuple[int, Any, Scheduler, Any, Any]]) -> int | None:
+                 own: list[int]) -> int | None:
     """Where a rank's run-ahead from `now` stops: the next arrival (asked of the source in a
-    closed loop) or event, whichever is first; None where there is neither."""
+    closed loop) or the rank's own next event (`own`: its events' times, a heap), whichever is
+    first; None where there is neither. Another rank's event is no limit (issue 41 session 33:
+    on a --dp 8 conversation replay it stopped most runs): what it changes reaches this rank
+    only at an arrival (the router's view: peeks, `ranks_json`, the gateway's counts) or by an
+    event of this rank's own (a copy's or a storage write's ack, a load-back's, a finish, a wake
+    its storage work asked for); the plain decode steps run ahead read nothing shared (no
+    storage query, read or write in flight: `_decode_ahead`'s checks); an idle rank's pass at a
+    wake the longer run leaves out keeps its times (a second backup flush starts at the link's
+    free time, which its first copy's ack, an event, ends; a storage write's start and ack are
+    its rank's own wakes), and a rank stuck for memory or a prefetch still wakes at every step
+    of every run (`AheadRun.starts`). tests/engine/test_fast_paths.py holds every event equal to
+    the pass-by-pass loop's and to the loop's that stopped at every rank's next event."""
     limit = src.next_ns(now) if closed else (src_next if has_next else None)
-    if events:
-        head_ns = events[0][0]
+    if own:
+        head_ns = own[0]
         if limit is None or head_ns < limit:
             limit = head_ns
     return limit
@@ -275,7 +285,17 @@ class Deployment:
         # `events[0][0]` was a generic item read and a compare with `now` boxed, issue 41)
         # (its order an object: only the time is read natively, one unbox a head, not two)
         self.events: list[tuple[int, Any, Scheduler, Any, Any]] = []
-        self._order = itertools.count(1)
+        # the events' order: the last one given (a native int the events' `at` raises: an
+        # itertools.count's `next` was a builtins look-up and a generic call an event, ~0.3 k
+        # instructions of the ~1.8 k an `at` was on a --dp 8 conversation replay, issue 41)
+        self._last_order = 0
+        # Each rank's events' times (a heap of ints beside `events`: pushed by its `at`, popped
+        # with its event): where its run-ahead stops (`_ahead_limit`). Kept while steps may run
+        # ahead: not once a closed loop has met a session (`_untrack`), where two heap
+        # operations an event were +0.3 % instructions on a --dp 4 synth replay (issue 41
+        # session 33), nor where a probe takes the decode steps
+        self.own_times: list[list[int]] = [[] for _ in ranks]
+        self.track_own = True
         self.in_flight: dict[int, tuple[int, RequestView]] = {}  # request seq -> (rank, what the router saw)
         self.session_rank: dict[str, int] = {}  # a session's last rank (where its dropped turns are recorded)
         self.arrivals: ArrivalSource | None = None
@@ -286,12 +306,29 @@ class Deployment:
             sched.on_leave = self._leave
 
     def _at_for(self, sched: Scheduler):
-        push, order, events = heapq.heappush, self._order, self.events
+        push, events, own = heapq.heappush, self.events, self.own_times[sched.rank]
+        dep = self
 
         def at(t_ns: int, fn, arg) -> None:
-            push(events, (t_ns, next(order), sched, fn, arg))
+            order = dep._last_order + 1
+            dep._last_order = order
+            push(events, (t_ns, order, sched, fn, arg))
 
-        return at
+        def at_tracked(t_ns: int, fn, arg) -> None:
+            order = dep._last_order + 1
+            dep._last_order = order
+            push(events, (t_ns, order, sched, fn, arg))
+            push(own, t_ns)
+
+        return at_tracked if self.track_own else at
+
+    def _untrack(self) -> None:
+        """No rank's steps run ahead from here on: their events' times are no longer kept."""
+        self.track_own = False
+        for sched in self.ranks:
+            sched.at = sched.ctrl.at = self._at_for(sched)
+        for times in self.own_times:
+            times.clear()
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, requests: Iterable[TraceRequest]) -> EngineStats:
@@ -302,13 +339,14 @@ class Deployment:
             sched.arrivals = src
         lanes = [_Lane(sched) for sched in ranks]
         events = self.events
+        own_times = self.own_times
         pop = heapq.heappop
         ticks = [t for t in dict.fromkeys(s.emit.tick for s in ranks) if t is not None]
         arrive = self._arrive
         # An idle rank passes (Scheduler.idle_pass) only where that can change something
         # (idle_pass_changes): ~586k calls of a --dp 8 conversation replay, most at wakes for
         # another rank's batch or events.
-        # What a rank does before the next arrival or event reaches no other rank unless it
+        # What a rank does before the next arrival or its own next event reaches no other rank unless it
         # evicts (host and storage writes), finishes (the router, the storage tier) or emits a
         # decode-step event (one stream, in clock order); passes that can only be plain decode
         # steps run at once (DecodeSteps.run_decode_ahead checks the rest). Not in a closed loop
@@ -317,6 +355,7 @@ class Deployment:
         # nothing: it waits for memory or a prefetch), as such a rank passes at every wake.
         ahead = all(s.decode_ahead and s.emit.decode_step is None for s in ranks)
         closed = src.closed
+        track = self.track_own
         # Per rank: its last passes run at once, as what their times are made from (AheadRun);
         # the times themselves only where a stuck rank asks for them (no conversation replay does)
         run_at_once: list[AheadRun | None] = [None for _ in ranks]
@@ -344,6 +383,8 @@ class Deployment:
                         arrive(t, at, trace_at, think_ms)
                 while events and events[0][0] <= now:
                     t_ns, _, sched, fn, arg = pop(events)
+                    if track:
+                        pop(own_times[sched.rank])  # (the rank's earliest: no event of it is before this one)
                     sched.event_ns = t_ns
                     fn(arg)
                 if deliver:
@@ -365,6 +406,9 @@ class Deployment:
                 if now >= free and (sched.waiting or sched.running or sched.chunked is not None):
                     batched = True
                     runs_ahead = ahead and not (closed and src.num_sessions)
+                    if track and not runs_ahead:  # (for good: a closed loop's sessions only come)
+                        self._untrack()
+                        track = False
                     own = sched.pass_fn is sched._own_pass
                     # A pass that can only be a plain decode step is the first of the run-ahead's
                     # steps (`_decode_ahead` checks the state that makes it one, as it does for
@@ -373,9 +417,13 @@ class Deployment:
                     # arrival cut this rank's run; issue 41 session 32). Where it is not (a prefill,
                     # a finish, an eviction, storage work), the run-ahead ran nothing and the pass
                     # runs as below.
-                    if runs_ahead and own and sched.running:
+                    # (`_decode_ahead`'s first checks, here: a rank with a request to prefill runs
+                    # nothing ahead, ~36k tries of ~190k at --dp 8 on the conversation trace)
+                    if runs_ahead and own and sched.running and sched.chunked is None \
+                            and (not sched.waiting or sched.batch_is_full):
                         first_step = sched.dstep
-                        end = sched.run_decode_ahead(now, _ahead_limit(src, now, closed, has_next, src_next, events))
+                        end = sched.run_decode_ahead(now, _ahead_limit(src, now, closed, has_next, src_next,
+                                                                       own_times[rank]))
                         if sched.dstep > first_step:
                             last = _start_run(run_at_once, rank, sched, now, first_step, end)
                             if last > at_once_until:
@@ -391,7 +439,7 @@ class Deployment:
                     if ended is not None:
                         end = ended  # (unboxed once)
                         if runs_ahead:
-                            limit = _ahead_limit(src, now, closed, has_next, src_next, events)
+                            limit = _ahead_limit(src, now, closed, has_next, src_next, own_times[rank])
                             start, first_step = end, sched.dstep
                             end = sched.run_decode_ahead(end, limit)
                             if sched.dstep > first_step:
