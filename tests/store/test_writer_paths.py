@@ -709,15 +709,19 @@ def test_a_costly_write_stretches_the_interval_up_to_the_flush_interval(every, e
 
 def test_the_writer_process_is_told_the_flush_interval_it_may_stretch_to():
     """_Serve.open takes the replay's flush interval as the most a costly write stretches the
-    interval to, never under the interval itself (TIERDIAG_FLUSH_EVERY_S smaller than a second:
-    no stretch); an opener that does not say keeps the interval."""
+    interval to, capped at STRETCH_MOST_S (the 1M run's peak: a late write's rows), never under
+    the interval itself (TIERDIAG_FLUSH_EVERY_S smaller than a second: no stretch); an opener
+    that does not say keeps the interval."""
     from tierdiag.store import writer_serve
 
     class Serve(writer_serve._Serve):
         def reply(self, msg):
             return True
 
-    for flush, every, want in ((5.0, 1.0, 5.0), (0.5, 0.5, 0.5), (None, 1.0, 1.0)):
+    cap = writer_serve.STRETCH_MOST_S
+    assert 1.0 <= cap < 5.0
+    for flush, every, want in ((5.0, 1.0, cap), (1.5, 1.0, min(1.5, cap)), (0.5, 0.5, 0.5), (None, 1.0, 1.0),
+                               (1e9, 1.0, cap), (0.0, 1.0, 1.0)):
         serve = Serve(inbox=None, reply_fd=-1)
         serve.writer = None
         arg = {"writer": {}, "write_every_s": every}

@@ -438,6 +438,8 @@ class Admission(DecodeSteps):
     def _write_chunk(self, req: Req, take: int) -> None:
         """The prefill output of this chunk: KV content for the pages it completes (a chunk that
         ended mid-page, memory-limited, left that page for this one to finish)."""
+        if not self.ctrl.writes_content:  # --verify off: nothing reads the content (controller.py)
+            return
         ps = self.ps
         first = req.done_tokens // ps
         last = min((req.done_tokens + take) // ps, len(req.keys))

@@ -146,6 +146,13 @@ class CacheController:
         self.evict_shortfall: int = 1 if amount is _evict_shortfall else 0 if amount is _evict_whole_need else -1
         self.reclaim_duplicates: bool = bool(self.rules.reclaim_host_duplicates) and self.write_back
         self.measured_timing: bool = cfg.timing == "measured"  # (read at every copy)
+        # Whether a prefill's pages get their content (write_computed): the content is what a
+        # load-back's check compares with, and under --verify off nothing ever compares, so it
+        # is not generated. The copies still move the slots' bytes (whatever they hold), with
+        # the same runs, data-plane bytes and modelled times (issue 41, session 33: ~2.5 % of
+        # a closed-loop synth trace's Engine.run, with the chunk's slices made for it).
+        self.writes_content: bool = cfg.verify != "off"
+        self.verify_mode: str = cfg.verify  # (typed once: read at every load-back)
         self.host_capacity: int = host.capacity  # (a pool's capacity is fixed; read at every backup)
         self.device_capacity: int = device.capacity
         # the eviction row's and the pool sample's capacity column, as the object the row holds:
@@ -823,7 +830,7 @@ class CacheController:
         self.stats.loaded_data_plane_bytes += dp_bytes
         verified = None
         self._loadback_count += 1
-        mode = self.cfg.verify
+        mode = self.verify_mode
         if mode == "all" or (mode == "sample" and self._loadback_count % VERIFY_SAMPLE_EVERY == 1):
             verified = verify_content(self.device, slots, page_keys)
             if not verified:

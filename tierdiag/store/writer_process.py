@@ -75,6 +75,13 @@ FIRST_WRITE_S = 0.2
 # CPU, in 14 writes 4.9 s (benchmarks/writes_by_count.py; README.md, session 22 h41wcpu). A quiet
 # conversation replay's writes stay under the share: its interval is WRITE_EVERY_S as before.
 WRITE_COST_SHARE = 0.1
+# ... and the stretch stops at STRETCH_MOST_S where the flush interval is longer: a late write of
+# a 1M-request replay carried up to 5 s of rows, and its vacuuming checkpoint (on a writer whose
+# resident floor those pending rows raise) set the run's peak: 935-1,005 MB over four quiet runs
+# (load 1-4.5), one past 1 GB, against 917 / 920 MB with writes stretched to 2 s at most, for
+# ~+3 % of the two processes' CPU (issue 41's 1M row; benchmarks/README.md, session 33 h43m1).
+# Writing more often than the flush interval keeps its contract ("at least this often").
+STRETCH_MOST_S = 2.0
 # Every VACUUM_EVERY-th write's checkpoint merges the small row groups the writes before it left
 # (DuckDB's vacuum: writer._vacuum); the others' leave them: a write's checkpoint vacuuming
 # rewrites the rows it merges (as a binary counter carries). The conversation trace's rows at a

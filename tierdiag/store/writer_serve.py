@@ -14,7 +14,7 @@ import time
 from tierdiag import signals
 from tierdiag.store.frames import EOF, loads, portable, read_raw, send_frame
 from tierdiag.store.writer_process import (FIRST_WRITE_S, INBOX_BYTES, VACUUM_EVERY, VACUUM_MOST_WRITES, VACUUM_ROWS,
-                                           WRITE_COST_SHARE, WRITE_EVERY_S)
+                                           STRETCH_MOST_S, WRITE_COST_SHARE, WRITE_EVERY_S)
 
 # The late writes: once LATE_FROM of the trace's requests have been handed over (their request
 # rows taken), the rows pending are written whatever the interval says when they are as many as
@@ -280,7 +280,8 @@ class _Serve:
             self.reply(("open_failed", portable(exc)))
             return False
         self.every_max = arg["write_every_s"]
-        self.most = max(self.every_max, float(arg.get("flush_every_s", self.every_max)))
+        # a costly write stretches the interval up to the flush interval, at most STRETCH_MOST_S
+        self.most = max(self.every_max, min(float(arg.get("flush_every_s", self.every_max)), STRETCH_MOST_S))
         self.every = min(FIRST_WRITE_S, self.every_max)
         self.last_write = time.monotonic()
         if not self.reply(("opened", None)):
