@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from mypy_extensions import trait
+
 from tierdiag.config.names import PrefetchPolicy
-from tierdiag.engine.records import RequestRecords
 from tierdiag.engine.request import Req
 from tierdiag.engine.rules import RuleSet
+from tierdiag.engine.schedule_common import SchedulerState
 from tierdiag.engine.tree import RadixTree, _child
 from tierdiag.engine.tree_node import KeyRun, TreeMatch
 
@@ -34,7 +36,8 @@ def prefetch_timeout_ns(tokens: int) -> int:
     return int((PREFETCH_TIMEOUT_BASE_S + PREFETCH_TIMEOUT_PER_KI_TOKEN_S * tokens / 1024) * 1e9)
 
 
-class StoragePrefetch(RequestRecords):
+@trait
+class StoragePrefetch(SchedulerState):
     """The Scheduler's storage prefetch (its `tree`, `ctrl`, `cfg`, `rules`, `ps`, `at` and the
     prefetch accounting set up in Scheduler.__init__)."""
 
