@@ -92,6 +92,11 @@ def test_a_climbing_key_range_doubles_the_array_below_double_slots_then_grows_by
     assert not pm._sparse
     asked = list(model) + [top + 5, -1]
     assert pm.get_many(asked).tolist() == [model.get(k, MISSING) for k in asked]
+    # every slot of the grown array (filled by a bytes memset, issue 41 session 34) that no key
+    # set is MISSING, to the last one
+    dense = pm._dense.tolist()
+    assert [k for k, v in enumerate(dense) if v != MISSING] == sorted(model)
+    assert all(dense[k] == model[k] for k in model)
 
 
 @settings(max_examples=100, deadline=None)
