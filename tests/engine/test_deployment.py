@@ -428,6 +428,37 @@ def test_score_text_table_is_cleared_when_full():
     assert dep._json_number(float("nan")) == "nan" and all(k == k for k in dep._SCORE_TEXT)
 
 
+# A score the table has not seen is written by the C's own shortest-digits formatter where
+# 1e-4 <= |x| < 1e15 (router.c short_repr: repr's ~7,000 instructions a new match rate, issue 41
+# session 34): repr's text, on any double of that range and its edges (powers of two, whose
+# lower neighbour is nearer, the range's ends, short decimals, match rates as the router makes
+# them), each written afresh (a table of at most 0 entries: cleared at every call).
+_EDGE_FLOATS = st.one_of(
+    st.floats(1e-4, 1e15), st.floats(-1e15, -1e-4),
+    st.builds(lambda e, d: 2.0 ** e * (1.0 + d), st.integers(-14, 49), st.sampled_from([0.0, 2**-52, -2**-53, 2**-51])),
+    st.builds(lambda x, nd: round(x, nd), st.floats(0, 1e6), st.integers(0, 17)),
+    st.builds(lambda d, ps, n: d * (ps / n), st.integers(1, 5000), st.sampled_from([1, 16, 64]), st.integers(1, 10**6)),
+    st.sampled_from([1e-4, 0.00010000000000000002, 9.999999999999999e-05, 1e15, 999999999999999.9, 0.1, 0.3,
+                     1.0, 2.0**-14, 5e-324, 1.7976931348623157e308, 1e16, 123456789012345.67]),
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(xs=st.lists(_EDGE_FLOATS, min_size=1, max_size=8))
+def test_a_new_score_text_is_reprs(xs):
+    from tierdiag.native import cplane
+
+    native = cplane.compiled("ranks_json")
+    if native is None:
+        pytest.skip("the data plane's C is not built")
+    n = len(xs)
+    text = native([(0, 1)] * n, (0,) * n, tuple(xs), 1, {}, 0)
+    got = [r["score"] for r in json.loads(text)]
+    assert got == xs
+    assert text == "[" + ",".join(f'{{"rank":{r},"device_tokens":0,"host_tokens":1,"in_flight":0,"score":{x!r}}}'
+                                  for r, x in enumerate(xs)) + "]"
+
+
 # The arrival's ranks_json: the data plane's C (csrc/router.c, one buffer written in place) and
 # its reference write json.dumps's text of every rank's share, on any shares, loads and scores
 # (zeros of both signs, NaN and infinities, scores shorter than the ranks: null), asked twice

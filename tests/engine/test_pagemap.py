@@ -92,6 +92,32 @@ def test_a_climbing_key_range_doubles_the_array_below_double_slots_then_grows_by
     assert not pm._sparse
     asked = list(model) + [top + 5, -1]
     assert pm.get_many(asked).tolist() == [model.get(k, MISSING) for k in asked]
+    # every slot of the grown array (filled by a bytes memset, issue 41 session 34) that no key
+    # set is MISSING, to the last one
+    dense = pm._dense.tolist()
+    assert [k for k, v in enumerate(dense) if v != MISSING] == sorted(model)
+    assert all(dense[k] == model[k] for k in model)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=12), st.sampled_from([1 << 12, 1 << 14, 1 << 16, 1 << 22]))
+def test_grown_slots_are_missing_whether_the_kept_fill_covers_the_grow_or_not(steps, fill_max):
+    # A grow copies its MISSING slots from one fill kept for every map, up to _FILL_MAX bytes;
+    # a larger grow makes its own (issue 41 session 34). Several maps grow over the same keys
+    # (the ranks' maps), the fill itself growing between them: every slot no key set is MISSING.
+    with patch.object(pagemap, "_FILL_MAX", fill_max), patch.object(pagemap, "_fill", b""):
+        maps, model, top = [PageMap(GROW_SHIFT_MANY), PageMap(), PageMap(GROW_SHIFT_MANY)], {}, 0
+        for i, step in enumerate(steps):
+            keys = list(range(top, top + step * 97, 13))
+            top += step * 97
+            model.update(dict.fromkeys(keys, i + 1))
+            for pm in maps:
+                pm.set_many(keys, i + 1)
+        assert len(pagemap._fill) <= max(fill_max, 4 * 4096)
+        for pm in maps:
+            dense = pm._dense.tolist()
+            assert [k for k, v in enumerate(dense) if v != MISSING] == sorted(model)
+            assert pm.get_many(list(model)).tolist() == list(model.values())
 
 
 @settings(max_examples=100, deadline=None)

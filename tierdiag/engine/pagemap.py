@@ -50,12 +50,35 @@ GROW_SHIFT_MANY = 1  # ... and half more, a map of one of several ranks' (CacheC
 DOUBLE_SLOTS = 1 << 23
 
 
+def _missing_bytes(n: int) -> bytes | memoryview:
+    """The bytes of `n` array slots holding MISSING (-1: every bit set, any width, either byte
+    order), for `frombytes`. Up to _FILL_MAX bytes they are a view of one fill kept for every
+    map (grown to the largest asked, at least doubling): a grow is then one copy into the array,
+    where `array("i", [MISSING]) * n` made a temporary array (its fill a copy) that `extend`
+    copied again: at --dp 8 sixteen maps (two a rank) each grow over the same keys, ~0.1 G
+    instructions of the conversation trace's `Engine.run` in those copies (issue 41, sessions
+    33-34). Larger grows (a map past a few million keys) make their own fill, not kept."""
+    global _fill
+    nbytes = _SLOT_BYTES * n
+    if nbytes > _FILL_MAX:
+        return b"\xff" * nbytes
+    if len(_fill) < nbytes:
+        _fill = b"\xff" * max(nbytes, min(2 * len(_fill), _FILL_MAX))
+    return memoryview(_fill)[:nbytes]
+
+
+_SLOT_BYTES = array("i").itemsize
+_FILL_MAX = 1 << 22  # (4 MiB: a conversation replay's grows, up to a million slots, all from the kept fill)
+_fill = b""
+
+
 class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
     def __init__(self, grow_shift: int = GROW_SHIFT) -> None:
         """`grow_shift`: the array grows to its top key and top >> grow_shift more (_grow)."""
         if type(grow_shift) is not int or not 0 <= grow_shift <= 16:
             raise ValueError(f"page map grow_shift {grow_shift!r}: an int in [0, 16] expected")
-        self._dense = array("i", [MISSING]) * (1 << 12)
+        self._dense = array("i")
+        self._dense.frombytes(_missing_bytes(1 << 12))
         self._np = np.frombuffer(self._dense, dtype=np.int32)  # the same memory, for big calls
         self._sparse: dict[int, int] = {}
         self._grow_shift = grow_shift
@@ -107,7 +130,7 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         above."""
         size = max(((top + (top >> self._grow_shift)) | 4095) + 1, min(2 * len(self._dense), DOUBLE_SLOTS))
         del self._np  # an array exporting its buffer cannot be resized
-        self._dense.extend(array("i", [MISSING]) * (size - len(self._dense)))
+        self._dense.frombytes(_missing_bytes(size - len(self._dense)))
         self._np = np.frombuffer(self._dense, dtype=np.int32)
 
     def _set_many_py(self, keys, value: int, *, outputs_last: bool = False) -> None:
