@@ -38,12 +38,11 @@ from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.cached_split import split_kind
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
-from tierdiag.engine.decode import DecodeSteps
 from tierdiag.engine.emitters import Emitters
 from tierdiag.engine.miss import MissTracker
-from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
+from tierdiag.engine.prefetch import prefetch_limit_tokens
 from tierdiag.engine.queue_policy import queue_policy
-from tierdiag.engine.records import DecodeRuns, RequestRecords
+from tierdiag.engine.records import DecodeRuns
 from tierdiag.engine.request import Req
 from tierdiag.engine.rules import config_rules
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, NO_TOKEN, OTHER,
@@ -67,11 +66,12 @@ _HEAPPUSH: Final = heappush
 _HEAPPOP: Final = heappop
 
 
-class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
+class Scheduler(Admission):
     """The loop on the virtual clock, arrivals and the choice of the next batch; admission and
     completion into the tree (admission.py), decode steps (decode.py), the storage prefetch
-    (prefetch.py) and the request records (request.py) are its mixins, the queue order a
-    function of queue_policy.py."""
+    (prefetch.py) and the request records (records.py) are its mixins, the queue order a
+    function of queue_policy.py. The mixins are one chain of bases (schedule_common.SchedulerState
+    says why), Admission the last."""
 
     def __init__(self, cfg: EngineConfig, cost: CostModel, tree: RadixTree, ctrl: CacheController,
                  probe, stats: EngineStats, progress: Callable[[int, int, EngineStats], None] | None = None):
@@ -209,6 +209,10 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # instructions: the attribute look-up on the type and the method object; session 27)
         self._prefill_done_fn: Any = self._prefill_done
         self._cache_unfinished_fn: Any = self._cache_unfinished
+        # (and the run-ahead's step callback: bound at every run-ahead that steps, 117,543 on
+        # conversation --dp 8; the finish event's: every finish; session 33)
+        self._give_step_fn: Any = self._give_step
+        self._finish_fn: Any = self._finish
         # The pass the loops run (schedule_pass): an attribute, so that a harness can watch each
         # pass (tests/sglang/scheduler_harness.py) where a compiled method cannot be replaced
         self.pass_fn: Callable[[int], int | None] = self.schedule_pass
