@@ -113,8 +113,9 @@ def test_no_object_of_an_engine_is_visited_by_the_collector_more_often_than_it_i
     over = []
     for i in range(len(held)):
         refs = sys.getrefcount(held[i]) - 2  # `held`'s slot and the call's argument
-        if visits[id(held[i])] > refs:
-            over.append(f"{type(held[i]).__qualname__} {repr(held[i])[:80]}: visited {visits[id(held[i])]}, held {refs}")
+        seen = visits[id(held[i])]
+        if seen > refs:
+            over.append(f"{type(held[i]).__qualname__} {repr(held[i])[:80]}: visited {seen}, held {refs}")
     assert len(held) > 100  # the engine's state, not just the list
     assert not over, f"{setup}: {len(over)} objects visited more often than held, e.g. {over[:5]}"
 
