@@ -72,6 +72,25 @@ def test_scheduler_resolves_each_declared_method_to_its_definition():
         assert impl is not schedule_common.SchedulerState.__dict__[name], f"Scheduler.{name} is the bare declaration"
 
 
+def test_the_mixins_are_one_chain_in_the_order_the_four_bases_resolved():
+    """The mixins are one single-inheritance chain of native classes (issue 41, session 33: as
+    mypyc traits, every `self.attr` in a mixin walked the object's vtable for the trait's offset
+    table): Scheduler's MRO is the one `Scheduler(Admission, DecodeSteps, StoragePrefetch,
+    RequestRecords)` over a SchedulerState trait resolved to, so every name (and every test's
+    patch of a mixin's class attribute) resolves as before."""
+    from tierdiag.engine.admission import Admission
+    from tierdiag.engine.decode import DecodeSteps
+    from tierdiag.engine.prefetch import StoragePrefetch
+    from tierdiag.engine.records import RequestRecords
+    from tierdiag.engine.schedule_common import SchedulerState
+    from tierdiag.engine.scheduler import Scheduler
+
+    chain = [Scheduler, Admission, DecodeSteps, StoragePrefetch, RequestRecords, SchedulerState, object]
+    assert list(Scheduler.__mro__) == chain
+    for cls, base in zip(chain, chain[1:]):
+        assert cls.__bases__ == (base,), f"{cls.__name__}: bases {cls.__bases__}"
+
+
 def test_a_request_compares_by_identity():
     """`_drop` removes by identity, which is what list.remove compared a Req by: no __eq__."""
     assert Req.__eq__ is object.__eq__

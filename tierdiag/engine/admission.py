@@ -7,15 +7,14 @@ restates."""
 
 from __future__ import annotations
 
-from mypy_extensions import trait
-
 from typing import Any, Final
 
 from tierdiag.config.names import Tier
 from tierdiag.engine import pagemap as _pagemap
+from tierdiag.engine.decode import DecodeSteps
 from tierdiag.engine.pagemap import blame, blame_py
 from tierdiag.engine.request import Req
-from tierdiag.engine.schedule_common import CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, EngineError, SchedulerState
+from tierdiag.engine.schedule_common import CLIP_MAX_NEW_TOKENS, NO_TOKEN, OTHER, EngineError
 from tierdiag.engine.tree import TreeNode
 from tierdiag.engine.tree_node import TreeMatch, empty_run
 
@@ -51,8 +50,7 @@ def _fsum(xs: list[float]) -> float:
     return total
 
 
-@trait
-class Admission(SchedulerState):
+class Admission(DecodeSteps):
     """Scheduler's admission, batch run and completion into the tree (a mixin: its state is
     Scheduler's, set up in Scheduler.__init__)."""
 

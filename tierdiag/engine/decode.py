@@ -9,12 +9,11 @@ from __future__ import annotations
 from heapq import heappop, heappush
 from typing import Any, Callable, Final
 
-from mypy_extensions import trait
-
 from tierdiag.engine.costmodel import CostModel
+from tierdiag.engine.prefetch import StoragePrefetch
 from tierdiag.engine.request import FIRST_PASS_FIELDS, Req
 from tierdiag.engine.schedule_common import (_APPEND_C, CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN_NEW_TOKEN_RATIO,
-                                             NEW_TOKEN_RATIO_DECAY, RETRACT_DECODE_STEPS, SchedulerState,
+                                             NEW_TOKEN_RATIO_DECAY, RETRACT_DECODE_STEPS,
                                              append_output_keys_c)
 from tierdiag.trace.pages import append_output_keys_py, extend_output_keys
 from tierdiag.engine.tree_node import empty_run
@@ -105,8 +104,7 @@ decode_steps = cplane.choose("decode.decode_steps", decode_steps_c, decode_steps
 _STEPS_C: Final = decode_steps is decode_steps_c  # (each called by name below: a native call, compiled)
 
 
-@trait
-class DecodeSteps(SchedulerState):
+class DecodeSteps(StoragePrefetch):
     """Scheduler's decode steps, retraction and finish (a mixin: its state is Scheduler's)."""
 
     # The loops run the passes that can only be plain decode steps at once (`run_decode_ahead`);
@@ -251,7 +249,7 @@ class DecodeSteps(SchedulerState):
         if len(due) > 1:
             due = _in_batch_order(due, self.running)
         for r in due:
-            self.at(end, self._finish, r)
+            self.at(end, self._finish_fn, r)
 
     def _decode(self, now: int) -> int | None:
         """Scheduler.update_running_batch: `check_decode_mem`; when the step does not fit,
@@ -354,16 +352,16 @@ class DecodeSteps(SchedulerState):
         if self._admission_reopens:
             self._admission_reopens = False
             self.batch_is_full = False
-        ratio: float = self.new_token_ratio  # (an unboxed float: the trait's attribute is Any)
+        ratio: float = self.new_token_ratio  # (an unboxed float: the declared attribute is Any)
         start = end
         fin_step = fin if fin is not None else -1  # k + 1 >= 1: never met where nobody finishes
         if _STEPS_C:
             k, end, steps, ratio, _ = decode_steps_c(self._page_ring, self.ps, k, end, limit, fin_step, self._kv_base, n,
-                                                     ratio, self.cost, wakes, self._give_step, self.emit.decode_step,
+                                                     ratio, self.cost, wakes, self._give_step_fn, self.emit.decode_step,
                                                      running, self.rank)
         else:
             k, end, steps, ratio, _ = decode_steps_py(self._page_ring, self.ps, k, end, limit, fin_step, self._kv_base, n,
-                                                      ratio, self.cost, wakes, self._give_step, self.emit.decode_step,
+                                                      ratio, self.cost, wakes, self._give_step_fn, self.emit.decode_step,
                                                       running, self.rank)
         self.dstep = k
         self.stats.decode_steps += steps

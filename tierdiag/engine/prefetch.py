@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mypy_extensions import trait
-
 from tierdiag.config.names import PrefetchPolicy
+from tierdiag.engine.records import RequestRecords
 from tierdiag.engine.request import Req
 from tierdiag.engine.rules import RuleSet
-from tierdiag.engine.schedule_common import SchedulerState
 from tierdiag.engine.tree import RadixTree, _child
 from tierdiag.engine.tree_node import KeyRun, TreeMatch
 
@@ -36,8 +34,7 @@ def prefetch_timeout_ns(tokens: int) -> int:
     return int((PREFETCH_TIMEOUT_BASE_S + PREFETCH_TIMEOUT_PER_KI_TOKEN_S * tokens / 1024) * 1e9)
 
 
-@trait
-class StoragePrefetch(SchedulerState):
+class StoragePrefetch(RequestRecords):
     """The Scheduler's storage prefetch (its `tree`, `ctrl`, `cfg`, `rules`, `ps`, `at` and the
     prefetch accounting set up in Scheduler.__init__)."""
 

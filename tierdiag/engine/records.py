@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import cast
 
 from librt.vecs import append, vec
-from mypy_extensions import i64, trait
+from mypy_extensions import i64
 
 from tierdiag.engine.cached_split import SPLIT_BY_TIER, SPLIT_PROMISED, split_by_tier, split_promised
 from tierdiag.engine.miss import miss_tokens, routing_tokens
@@ -84,7 +84,6 @@ class DecodeRuns:
         return self.cum[i] + (t if t < end else end) - starts[i]
 
 
-@trait
 class RequestRecords(SchedulerState):
     """The Scheduler's records (a mixin, as SGLang's scheduler keeps its output processing in
     scheduler_output_processor_mixin.py): the finished request's row and the pool samples.

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Final
 
-from mypy_extensions import trait
-
 from tierdiag.config.names import WritePolicy
 from tierdiag.native import cplane
 from tierdiag.trace.pages import append_output_keys_py
@@ -47,12 +45,19 @@ INT64_MAX: Final = 2**63 - 1  # checkpoint_into_tree: min(priority + 1, torch.ii
 WRITE_THROUGH_THRESHOLD = {WritePolicy.WRITE_THROUGH: 1, WritePolicy.WRITE_THROUGH_SELECTIVE: 2}
 
 
-@trait
 class SchedulerState:
     """The Scheduler's state, which its mixins (admission.py, decode.py, prefetch.py, request.py)
     read and write; Scheduler.__init__ sets it up and says what each is. Declared here, with its
     types, so that a compiled build (mypyc: setup.py) lays each attribute out once and the mixins
-    reach it without a dictionary look-up. Floats are `Any`: a compiled build keeps them boxed."""
+    reach it without a dictionary look-up. Floats are `Any`: a compiled build keeps them boxed.
+
+    The mixins are one chain of native classes, in the order Scheduler's MRO always had them:
+
+        SchedulerState <- RequestRecords <- StoragePrefetch <- DecodeSteps <- Admission <- Scheduler
+
+    (not mypyc traits over a trait SchedulerState: compiled, a trait method's `self.attr` walked
+    the object's vtable for the trait's offset table at every read and write (`CPy_FindAttrOffset`,
+    428 sites), where a base class's attribute is at a fixed offset; issue 41, session 33)."""
 
     cfg: EngineConfig
     rules: RuleSet
@@ -129,11 +134,13 @@ class SchedulerState:
     _cur_offset: int
     _prefill_done_fn: Any  # self._prefill_done and self._cache_unfinished, bound once (Scheduler.__init__)
     _cache_unfinished_fn: Any
+    _give_step_fn: Any  # self._give_step and self._finish, bound once (Scheduler.__init__)
+    _finish_fn: Any
 
     # The methods one mixin calls on another (or on Scheduler itself), declared here with their
     # signatures; each is defined once, where its docstring is (Scheduler's MRO puts every
     # definition before these). Compiled, a call of one declared here is a native call through
-    # the trait's vtable; undeclared it was a generic method call (attr-defined is off: the name
+    # the class's vtable; undeclared it was a generic method call (attr-defined is off: the name
     # looked up on the type, a bound call through the callee's wrapper, its int arguments boxed
     # and parsed, its result unboxed): ~40k calls of conversation's first 3,000 requests, the
     # prefill's done and finish events' inserts among them (issue 41, session 25).

@@ -38,12 +38,11 @@ from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.cached_split import split_kind
 from tierdiag.engine.controller import CacheController, EngineStats
 from tierdiag.engine.costmodel import CostModel
-from tierdiag.engine.decode import DecodeSteps
 from tierdiag.engine.emitters import Emitters
 from tierdiag.engine.miss import MissTracker
-from tierdiag.engine.prefetch import StoragePrefetch, prefetch_limit_tokens
+from tierdiag.engine.prefetch import prefetch_limit_tokens
 from tierdiag.engine.queue_policy import queue_policy
-from tierdiag.engine.records import DecodeRuns, RequestRecords
+from tierdiag.engine.records import DecodeRuns
 from tierdiag.engine.request import Req
 from tierdiag.engine.rules import config_rules
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, NO_TOKEN, OTHER,
@@ -67,14 +66,20 @@ _HEAPPUSH: Final = heappush
 _HEAPPOP: Final = heappop
 
 
-class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
+class Scheduler(Admission):
     """The loop on the virtual clock, arrivals and the choice of the next batch; admission and
     completion into the tree (admission.py), decode steps (decode.py), the storage prefetch
-    (prefetch.py) and the request records (request.py) are its mixins, the queue order a
-    function of queue_policy.py."""
+    (prefetch.py) and the request records (records.py) are its mixins, the queue order a
+    function of queue_policy.py. The mixins are one chain of bases (schedule_common.SchedulerState
+    says why), Admission the last."""
 
     def __init__(self, cfg: EngineConfig, cost: CostModel, tree: RadixTree, ctrl: CacheController,
                  probe, stats: EngineStats, progress: Callable[[int, int, EngineStats], None] | None = None):
+        # An attribute SchedulerState declares is assigned here without a type: an annotation
+        # here declares it a second time, in Scheduler, and mypyc's tp_traverse visits a field
+        # once per class of the chain that declares it (its struct holds the field once). A
+        # field visited twice makes the collector subtract two references where it holds one,
+        # and a compiled replay's engine cycle was never freed (tests/engine/test_engine_freed.py)
         self.cfg = cfg
         self.rules = config_rules(cfg)  # what differs between SGLang releases (rules.py)
         self.queue = queue_policy(cfg.schedule_policy, self.rules.version, self.rules)  # --schedule-policy (queue_policy.py)
@@ -95,18 +100,18 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # block, which page_keys_array refuses)
         self._per_block: int = (cfg.block_size // cfg.page_size
                                 if 0 < cfg.page_size and cfg.block_size % cfg.page_size == 0 else 0)
-        self.waiting: list[Req] = []
+        self.waiting = []
         # alloc_for_extend (both releases): at page 1 `alloc_token_slots(extend_num_tokens)`
         # evicts for the extend alone; above, alloc_paged_token_slots_extend asks a page a request more
         self.alloc_page = self.rules.alloc_overhead_pages if self.ps > 1 else 0
-        self._pending_alloc: list[tuple[Req, int, int]] = []  # 0.5.23: extends allocated with the batch
-        self.chunked: Req | None = None
+        self._pending_alloc = []  # 0.5.23: extends allocated with the batch
+        self.chunked = None
         # The running (decoding) batch, in merge order, and what SGLang keeps beside it:
         # `batch_is_full` (a NO_TOKEN with requests running shuts admission until one leaves),
         # `new_token_ratio`, the decode steps run so far (`dstep`, the decode clock each request's
         # next page and finish are due on), S = sum(kv_len - join step) over running requests, so
         # a step's KV read is S + len(running) x step.
-        self.running: list[Req] = []
+        self.running = []
         self.batch_is_full = False
         self._admission_reopens = False  # the next pass clears batch_is_full (schedule_pass)
         self._join_front = None  # where the next joiner goes in `running` (after a mixed batch: the front)
@@ -118,11 +123,11 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # `ps` steps on, each next `ps` after the last), so the steps due are a window of `ps`
         # and slot `step % ps` is step's alone (a dict by step was a new int key and a hash a
         # step; compiled, the steps read a list slot)
-        self._page_ring: list[list[Req]] = [[] for _ in range(self.ps)]
+        self._page_ring = [[] for _ in range(self.ps)]
         self._fin_sum = self._n_short = 0  # running requests' finish steps (those with <= 4096 to go)
-        self._long: list[Req] = []  # running requests that joined with more than 4096 tokens to go
-        self._finish_due: dict[int, list[Req]] = {}
-        self._finish_steps: list[int] = []  # a heap of the steps put in _finish_due (run_decode_ahead)
+        self._long = []  # running requests that joined with more than 4096 tokens to go
+        self._finish_due = {}
+        self._finish_steps = []  # a heap of the steps put in _finish_due (run_decode_ahead)
         self.mixed_chunk = cfg.enable_mixed_chunk
         # Runs of back-to-back decode steps on the clock (start, end, decode time before the
         # run): a request's record says how much of its wait was decode steps (`DecodeRuns.before`).
@@ -144,44 +149,44 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # req seq -> pass its re-query is due (0.5.23; set as it is armed); -1: armed past
         # max_attempts, dropped by the first pass that sees it; an int so the compiled compare
         # is typed
-        self.prefetch_retry_due: dict[int, int] = {}
+        self.prefetch_retry_due = {}
         # The rule fields every pass's storage half reads, typed: rules.py is interpreted, so a
         # RuleSet field read from compiled code is a generic attribute lookup
-        self.retry_interval: int = self.rules.prefetch_retry_interval_passes
-        self.retry_cap: int = self.rules.prefetch_retry_max_attempts
-        self.storage_acks: bool = self.rules.storage_acks_per_pass
-        self.has_storage: bool = ctrl.storage is not None
+        self.retry_interval = self.rules.prefetch_retry_interval_passes
+        self.retry_cap = self.rules.prefetch_retry_max_attempts
+        self.storage_acks = self.rules.storage_acks_per_pass
+        self.has_storage = ctrl.storage is not None
         # ... and those admission reads a request, a batch or an insert (SchedulerState's `r_`
         # fields), with the two config fields it reads as often
-        self.r_chunk_later: bool = self.rules.chunk_later_requests
-        self.r_overhead_pages: int = self.rules.admission_overhead_pages
-        self.r_batch_alloc_page: bool = self.rules.batch_alloc_page_per_request
-        self.r_returns_early: bool = self.rules.max_running_check_returns_early
-        self.r_hits_past_inserted: bool = self.rules.hits_past_inserted
-        self.r_backup_chains: bool = self.rules.backup_chains_ancestors
-        self.load_back_threshold: int = cfg.load_back_threshold
-        self.max_prefill_tokens: int = cfg.max_prefill_tokens
+        self.r_chunk_later = self.rules.chunk_later_requests
+        self.r_overhead_pages = self.rules.admission_overhead_pages
+        self.r_batch_alloc_page = self.rules.batch_alloc_page_per_request
+        self.r_returns_early = self.rules.max_running_check_returns_early
+        self.r_hits_past_inserted = self.rules.hits_past_inserted
+        self.r_backup_chains = self.rules.backup_chains_ancestors
+        self.load_back_threshold = cfg.load_back_threshold
+        self.max_prefill_tokens = cfg.max_prefill_tokens
         # An index of prefetch_retry_due by due pass, so a pass touches only the entries it acts
         # on (_retry_prefetches): the requests armed past max_attempts since the last pass that
         # looked (due -1), and (due pass, request) in due order from `retry_head` on. Entries the
         # dict dropped since (admitted, cancelled, re-armed) are stale and skipped. (No map of
         # the armed seqs to their requests: the index holds the requests, and nothing else
         # read one; issue 41, a dict set and deletion a re-query.)
-        self.retry_armed: list[Req] = []
-        self.retry_due_pass: list[int] = []
-        self.retry_due_req: list[Req] = []
+        self.retry_armed = []
+        self.retry_due_pass = []
+        self.retry_due_req = []
         self.retry_head = 0
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
         # arrivals whose storage query waits for the next pass (rule storage_acks_per_pass)
-        self.unqueried: list[Req] = []
+        self.unqueried = []
         # queries made, their hits' host memory and reads waiting for the next drain
         # (drain_prefetch_queries), by request seq in query order; and the spans the misses
         # among them hold until then
-        self.unallocated: dict[int, tuple] = {}
+        self.unallocated = {}
         self.query_occupied = 0
-        self.reading: dict[int, Req] = {}  # prefetches whose read's acks a later drain takes
+        self.reading = {}  # prefetches whose read's acks a later drain takes
         # host slots of prefetches ended before their read's ack: (the drain that frees them, slots)
-        self.held_releases: list[tuple[int, list[int]]] = []
+        self.held_releases = []
         self.storage_pass_done_ns = -1  # a chunk's stash ran this instant's storage_pass_start
         self.ctrl.pass_owner = self  # CacheController.pass_now reads prefetch_pass
         # SchedulePolicy._waiting_prefix_refresh_calls: the passes that reached the refresh (0.5.23)
@@ -195,20 +200,24 @@ class Scheduler(Admission, DecodeSteps, StoragePrefetch, RequestRecords):
         # SGLang's max_running_requests (its ReqToTokenPool's rows and pp_max_micro_batch_size):
         # admission stops at it (_new_prefill)
         self.max_running: int = cfg.resolved_max_running_requests()
-        self.arrivals: ArrivalSource | None = None  # the trace's arrivals, open or closed loop (run)
+        self.arrivals = None  # the trace's arrivals, open or closed loop (run)
         self.rank = 0  # the data-parallel rank (its rows' dp_rank; engine/deployment.py)
         self.id_step = 1  # batch ids: rank + 1, then every num_ranks-th
         # Called with (request, now) when a request leaves this scheduler, finished or rejected
         # (a deployment's router counts what it has in flight); None: nobody asks.
-        self.on_leave: Callable[[Req, int], None] | None = None
+        self.on_leave = None
         # at(t_ns, fn, arg): fn(arg) at virtual time t_ns; an attribute (not a method) because a
         # deployment puts its shared queue's in its place (engine/deployment.py)
-        self.at: Callable[[int, Any, Any], None] = self._at_own
+        self.at = self._at_own
         ctrl.at = self.at
         # The events' callbacks bound once (a bound method made at every `at` was ~460
         # instructions: the attribute look-up on the type and the method object; session 27)
-        self._prefill_done_fn: Any = self._prefill_done
-        self._cache_unfinished_fn: Any = self._cache_unfinished
+        self._prefill_done_fn = self._prefill_done
+        self._cache_unfinished_fn = self._cache_unfinished
+        # (and the run-ahead's step callback: bound at every run-ahead that steps, 117,543 on
+        # conversation --dp 8; the finish event's: every finish; session 33)
+        self._give_step_fn = self._give_step
+        self._finish_fn = self._finish
         # The pass the loops run (schedule_pass): an attribute, so that a harness can watch each
         # pass (tests/sglang/scheduler_harness.py) where a compiled method cannot be replaced
         self.pass_fn: Callable[[int], int | None] = self.schedule_pass
