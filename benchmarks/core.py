@@ -19,7 +19,8 @@ The engine process's hand-over, one step further each (issue 41's probe overhead
 hands over every BATCH_ROWS rows, as the replay's writer process is handed them):
   pickle   the Recorder, each hand-over pickled as store/frames.py's `send_frame` does (`encode`)
   pipe     ... `send_frame` into a pipe that a `cat > /dev/null` child drains: what
-           WriterProcess.append_rows costs the engine's process, short of its `select` poll
+           WriterProcess.append_rows costs the engine's process (its `out_of_band` frame, as
+           `pickle` encodes it), short of its `select` poll
   writer   ... the replay's real writer process (a fresh store in a temporary folder) making
            Arrow columns and inserting them into DuckDB on the other core: in instructions the
            same as `pipe` (another process); in CPU seconds (benchmarks/recording.py --modes)
@@ -131,7 +132,12 @@ def _handover_probe(mode: str):
             drain.wait()
 
         atexit.register(end_drain)
-        return Recorder(rows_sink=lambda tables: send_frame(fd, ("row_tuples", tables)), flush_rows=BATCH_ROWS)
+        try:  # as WriterProcess.append_rows sends (its int blocks and text columns out of band)
+            from tierdiag.store.frames import out_of_band as sent
+        except ImportError:  # a checkout from before session 28: everything in the pickle
+            def sent(tables):
+                return tables
+        return Recorder(rows_sink=lambda tables: send_frame(fd, ("row_tuples", sent(tables))), flush_rows=BATCH_ROWS)
     store = tempfile.mkdtemp()
     writer = WriterProcess.start()
     writer.open(os.path.join(store, "run.duckdb"), run_id="handover", name="handover", trace_path=str(DEFAULT_TRACE),

@@ -100,7 +100,8 @@ def _columnar_values(fields: tuple[str, ...], hand: dict) -> dict[str, tuple]:
         if codes and (min(codes) < 0 or max(codes) >= len(dictionary)):
             raise ValueError(f"a columnar hand-over's {name} codes are not its dictionary's {len(dictionary)}")
         cols[name] = [dictionary[code] for code in codes]
-    cols.update(hand["objects"])
+    for name, values in hand["objects"].items():
+        cols[name] = text_values(name, n, values) if isinstance(values, tuple) else values
     for names, rows in hand["tuples"]:
         cols.update(zip(names, zip(*rows)) if rows else ((f, ()) for f in names))
     missing = [f for f in fields if f not in cols]
@@ -114,6 +115,39 @@ def _columnar_values(fields: tuple[str, ...], hand: dict) -> dict[str, tuple]:
     for f in fields:
         both = tuple(cols[f]) + tuple(other[f])
         out[f] = tuple(both[i] for i in order)
+    return out
+
+
+def text_values(name: str, n: int, sent: tuple) -> list:
+    """An object column sent as text (store/frames.py's out_of_band: (TEXT, int32 offsets, UTF-8
+    data, validity bitmap or None, nulls)) as its values, str or None, as they were appended
+    (store/columns.py's `text_column` makes the Arrow array instead); a ValueError naming the
+    column where the buffers are not `n` such values."""
+    if len(sent) != 5 or sent[0] != "text":
+        raise ValueError(f"a columnar hand-over's {name} is not (text, offsets, data, valid, nulls)")
+    _, offsets, data, valid, nulls = sent
+    at = array("i")
+    at.frombytes(bytes(offsets))
+    data = bytes(data)
+    bits = bytes(valid) if valid is not None else None
+    if len(at) != n + 1 or (bits is not None and len(bits) != (n + 7) // 8) or (bits is None) != (nulls == 0):
+        raise ValueError(f"a columnar hand-over's {name} is not {n} values")
+    out: list = []
+    for i in range(n):
+        a, b = at[i], at[i + 1]
+        if not 0 <= a <= b <= len(data) or (i == 0 and a != 0):
+            raise ValueError(f"a columnar hand-over's {name} offsets are not in order")
+        if bits is not None and not bits[i >> 3] >> (i & 7) & 1:
+            if a != b:
+                raise ValueError(f"a columnar hand-over's {name} has data at a null")
+            out.append(None)
+        else:
+            try:
+                out.append(data[a:b].decode("utf-8"))
+            except UnicodeDecodeError:
+                raise ValueError(f"a columnar hand-over's {name} is not UTF-8 at row {i}") from None
+    if bits is not None and out.count(None) != nulls:
+        raise ValueError(f"a columnar hand-over's {name} says {nulls} nulls")
     return out
 
 

@@ -98,7 +98,8 @@ def _columnar(table: str, fields: tuple[str, ...], hand: dict) -> dict[str, Any]
     for name in coded:
         if name in cols:
             cols[name] = coded_column(table, name, by_column[names.index(name)], dictionary)
-    cols.update(hand["objects"])
+    for name, values in hand["objects"].items():
+        cols[name] = text_column(table, name, n, values) if isinstance(values, tuple) else values
     for names, rows in hand["tuples"]:
         cols.update(zip(names, zip(*rows)) if rows else ((f, ()) for f in names))
     missing = [f for f in fields if f not in cols]
@@ -111,6 +112,30 @@ def _columnar(table: str, fields: tuple[str, ...], hand: dict) -> dict[str, Any]
     take = pa.array(order, type=pa.int64())
     return {f: pa.concat_arrays([arrow_column(table, f, cols[f]), arrow_column(table, f, other[f])]).take(take)
             for f in fields}
+
+
+def text_column(table: str, col: str, n: int, sent: tuple) -> Any:
+    """An object column sent as text (store/frames.py's out_of_band: (TEXT, int32 offsets, UTF-8
+    data, validity bitmap or None, nulls), `_cplane.text_column`'s buffers) as the Arrow string
+    array on those buffers (no Python object a row), checked (offsets rising within the data,
+    valid UTF-8: a ValueError naming the column otherwise). A column the schema does not type
+    VARCHAR is given back as its Python values, which arrow_column converts (and refuses) as it
+    did the list that was sent before."""
+    if len(sent) != 5 or sent[0] != "text":
+        raise ValueError(f"{table}.{col}: a columnar hand-over's text column is not (text, offsets, data, valid, nulls)")
+    _, offsets, data, valid, nulls = sent
+    if memoryview(offsets).nbytes != 4 * (n + 1) or not isinstance(nulls, int) or not 0 <= nulls <= n \
+            or (valid is None) != (nulls == 0) or (valid is not None and memoryview(valid).nbytes != (n + 7) // 8):
+        raise ValueError(f"{table}.{col}: a columnar hand-over's text column is not {n} rows")
+    try:
+        array = pa.Array.from_buffers(pa.string(), n, [_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)],
+                                      null_count=nulls)
+        array.validate(full=True)
+    except (pa.ArrowException, ValueError) as exc:
+        raise ValueError(f"{table}.{col}: a columnar hand-over's text column does not read back ({first_line(exc)})") from None
+    if TABLES.get(table, {}).get(col) != "VARCHAR":
+        return array.to_pylist()
+    return array
 
 
 def coded_column(table: str, col: str, codes: np.ndarray, dictionary: list) -> Any:

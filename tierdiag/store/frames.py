@@ -9,6 +9,8 @@ import pickle
 import struct
 from typing import Any
 
+from tierdiag.native import cplane
+
 _HEADER = struct.Struct("<Q")
 
 
@@ -53,16 +55,39 @@ def loads(body) -> Any:
     return pickle.loads(view[at:at + size], buffers=buffers)
 
 
+# A columnar hand-over's object column of text sent as an Arrow string array's buffers (`TEXT`,
+# int32 offsets, UTF-8 data, validity bitmap or None, nulls), made by the compiled data plane's
+# `text_column` (None on the numpy data plane: the lists go as they are)
+TEXT = "text"
+_text_column = cplane.compiled("text_column")
+
+
 def out_of_band(tables: dict) -> dict:
     """A rows hand-over ({table: (fields, rows)}, Recorder's rows sink) with each columnar
     buffer's int block (engine/emitters.py's Columns.take(): "ints") wrapped to travel out of
-    band (a PickleBuffer over the same bytes); the other rows as they are."""
+    band (a PickleBuffer over the same bytes), and each of its object columns whose values are
+    all str or None (the request ids: ~100k values a conversation replay) as a `TEXT` tuple of
+    Arrow buffers, its offsets and UTF-8 data out of band too: no per-row object pickled here,
+    unpickled and converted by pa.array in the writer (store/columns.py's `_columnar` builds the
+    array on the buffers; probes/recorder.py's `text_values` reads the values back). Any other
+    column, or any column on the numpy data plane, stays the list; the other rows as they are."""
     out = {}
     for table, (fields, rows) in tables.items():
         if isinstance(rows, dict) and isinstance(rows.get("ints"), tuple):
             names, block = rows["ints"]
             if isinstance(block, bytes):
                 rows = {**rows, "ints": (names, pickle.PickleBuffer(block))}
+            objects = rows.get("objects")
+            if _text_column is not None and isinstance(objects, dict):
+                sent = {}
+                for name, values in objects.items():
+                    text = _text_column(values) if type(values) is list else None
+                    if text is None:
+                        sent[name] = values
+                    else:
+                        offsets, data, valid, nulls = text
+                        sent[name] = (TEXT, pickle.PickleBuffer(offsets), pickle.PickleBuffer(data), valid, nulls)
+                rows = {**rows, "objects": sent}
         out[table] = (fields, rows)
     return out
 

@@ -72,8 +72,10 @@
  * 26: StorageIndex.admit_write writes a mixed write (some keys there before) in the same call;
  *     StorageIndex.loc_runs (a read's locations as runs; session 30, h41stor16).
  * 27: LruHeap, lru_push, lru_pop, lru_fresh (the radix tree's lru heaps as C structs, lru_heap.c;
- *     session 31, h41core15). */
-#define CPLANE_API 27
+ *     session 31, h41core15).
+ * 28: text_column (an object column of str and None as an Arrow string array's buffers, handed
+ *     over out of band; session 34, h44rec). */
+#define CPLANE_API 28
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256

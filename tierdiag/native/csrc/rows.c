@@ -610,9 +610,95 @@ cp_decode_arrow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
     return decode_columns(data, end, rows, objects, PyBytes_AS_STRING(args[3]), PyBytes_GET_SIZE(args[3]));
 }
 
+PyDoc_STRVAR(text_column_doc,
+"text_column(values) -> (int32 offsets, UTF-8 data, validity, nulls) or None\n\n"
+"A list of str and None as the buffers of an Arrow string array (decode_arrow's 's' layout):\n"
+"offsets (bytes, rows + 1 int32s), the values' UTF-8 bytes one after the other, validity None\n"
+"without a None, else an Arrow bitmap (LSB first, 1 valid), and the Nones counted. None where\n"
+"the list is not such a column: a value that is not exactly a str or None, a str with no UTF-8\n"
+"form (a lone surrogate), no str at all, or data past 2 GiB; the caller keeps the list then\n"
+"(engine/emitters.py's object columns, handed over by store/frames.py's out_of_band).");
+
+static PyObject *
+cp_text_column(PyObject *Py_UNUSED(module), PyObject *values)
+{
+    if (!PyList_CheckExact(values)) {
+        PyErr_SetString(PyExc_TypeError, "text_column() takes a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    Py_ssize_t total = 0, nulls = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        if (v == Py_None) {
+            nulls++;
+            continue;
+        }
+        if (!PyUnicode_CheckExact(v)) {
+            Py_RETURN_NONE;
+        }
+        Py_ssize_t len;
+        if (PyUnicode_AsUTF8AndSize(v, &len) == NULL) {
+            PyErr_Clear();  /* no UTF-8 form: the list as it is (arrow_column refuses it as before) */
+            Py_RETURN_NONE;
+        }
+        total += len;
+        if (total > INT32_MAX) {
+            Py_RETURN_NONE;
+        }
+    }
+    if (nulls == n) {
+        Py_RETURN_NONE;
+    }
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (n + 1) * (Py_ssize_t)sizeof(int32_t));
+    PyObject *data = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *valid = nulls ? PyBytes_FromStringAndSize(NULL, (n + 7) / 8) : NULL;
+    if (offsets == NULL || data == NULL || (nulls && valid == NULL)) {
+        Py_XDECREF(offsets);
+        Py_XDECREF(data);
+        Py_XDECREF(valid);
+        return NULL;
+    }
+    int32_t *off = (int32_t *)PyBytes_AS_STRING(offsets);
+    char *out = PyBytes_AS_STRING(data);
+    char *bits = valid ? PyBytes_AS_STRING(valid) : NULL;
+    if (bits != NULL) {
+        memset(bits, 0, (size_t)((n + 7) / 8));
+    }
+    Py_ssize_t at = 0;
+    off[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        if (v != Py_None) {
+            Py_ssize_t len;
+            const char *utf8 = PyUnicode_AsUTF8AndSize(v, &len);  /* cached by the first pass */
+            if (utf8 == NULL || at + len > total) {  /* the list changed under us: not possible without the GIL let go */
+                Py_DECREF(offsets);
+                Py_DECREF(data);
+                Py_XDECREF(valid);
+                if (utf8 == NULL) {
+                    return NULL;
+                }
+                PyErr_SetString(PyExc_RuntimeError, "text_column: the list changed while it was read");
+                return NULL;
+            }
+            memcpy(out + at, utf8, (size_t)len);
+            at += len;
+            if (bits != NULL) {
+                bits[i >> 3] |= (char)(1 << (i & 7));
+            }
+        }
+        off[i + 1] = (int32_t)at;
+    }
+    PyObject *res = Py_BuildValue("(NNOn)", offsets, data, valid ? valid : Py_None, nulls);
+    Py_XDECREF(valid);
+    return res;
+}
+
 /* ------------------------------------------------------------------------------------------ */
 
 PyMethodDef cp_rows_methods[] = {
     {"decode_arrow", (PyCFunction)(void (*)(void))cp_decode_arrow, METH_FASTCALL, decode_arrow_doc},
+    {"text_column", (PyCFunction)cp_text_column, METH_O, text_column_doc},
     {NULL, NULL, 0, NULL},
 };
