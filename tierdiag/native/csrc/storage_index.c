@@ -748,7 +748,56 @@ ix_admit_keys(StorageIndex *ix, IxKeys *kp, Py_ssize_t capacity, int counted,
     if ((!counted && (deleted = PyList_New(0)) == NULL) || (emptied = PyList_New(0)) == NULL) {
         goto fail;
     }
-    for (i = 0; i < n; i++) {
+    if (keys.list == NULL && ix->obj == NULL && ix->free_head < 0 && n <= capacity - ix->len &&
+        ix->ent_top + n <= ix->ent_cap && ix->ent_top + n <= IX_MAX_ENTRIES &&
+        (size_t)(ix->len + n) * 2 <= ix->mask + 1) {
+        /* The engine's common write (issue 41's storage row: ~770k keys on conversation[:4000]):
+         * an int64 run into an index of int64 keys only, with room for every key under the
+         * capacity, in the table and in the entries, and no freed entry to reuse. Then no key is
+         * deleted, the table is not rehashed and the entries do not grow: each key is touched
+         * or appended as the loop below does (the same entries, table slots, LRU order, pending
+         * entries and positions), its probe inlined and its match a compare of values (no key
+         * object in the index nor in the run), the per-key checks for those cases made once. */
+        IxEntry *ent = ix->ent;
+        uint64_t *table = ix->table;
+        size_t mask = ix->mask;
+        for (i = 0; i < n; i++) {
+            Py_hash_t h = ks[i].hash;
+            int64_t v = ks[i].v;
+            uint32_t tag = IX_TAG(h);
+            size_t at = (size_t)tag & mask;
+            uint64_t s;
+            Py_ssize_t e = -1;
+            if (i + IX_PREFETCH < n) __builtin_prefetch(&table[(size_t)IX_TAG(ks[i + IX_PREFETCH].hash) & mask]);
+            while ((s = table[at]) != 0) {
+                if (IX_SLOT_TAG(s) == tag) {
+                    Py_ssize_t f = IX_SLOT_E(s);
+                    if (ent[f].hash == h && ent[f].key == v) {
+                        e = f;
+                        break;
+                    }
+                }
+                at = (at + 1) & mask;
+            }
+            if (e >= 0) {
+                ix_unlink(ix, e);
+                ix_push_newest(ix, e);
+                all_new = 0;
+                continue;
+            }
+            e = ix->ent_top++;
+            if (ix->populating && e % IX_CHUNK_ENTRIES == 0) ix_populate_used(ix, ix->ent_top);
+            ent[e].key = v;
+            ent[e].hash = h;
+            ent[e].loc = -1;
+            table[at] = IX_SLOT(e, h);
+            ix_push_newest(ix, e);
+            ix->len++;
+            if (ix->pending_n < IX_PENDING) ix->pending[ix->pending_n++] = e;
+            pos[nfresh++] = i;
+        }
+    }
+    else for (i = 0; i < n; i++) {
         const IxKey *k = &ks[i];
         int found;
         size_t at;
