@@ -100,6 +100,29 @@ def test_a_memoised_requery_leaves_the_tree_as_a_match_would(ops, probe_paths):
     assert trees[0] == trees[1]
 
 
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(op, max_size=40), probe_paths=st.lists(paths, min_size=PROBES, max_size=PROBES))
+def test_where_the_memo_holds_a_locate_walks_its_path(ops, probe_paths):
+    """`_prefetch_after_hit_loss` takes a holding memo's pages for `tree.locate`'s (issue 41):
+    after every operation, each request whose memo holds locates exactly the memo's pages,
+    ending at the memo's last node (the root for none), and that walk changes nothing (no split,
+    no stamp)."""
+    tree = RadixTree(PS)
+    probes = [_probe(i, keys, len(keys)) for i, keys in enumerate(probe_paths)]
+    slots = iter(range(1_000_000))
+    for t, o in enumerate(ops):
+        _apply(tree, probes, o, t + 1, True, slots)
+        for r in probes:
+            memo = r.storage_memo
+            if memo is None or not prefetch._memo_holds(memo, tree, r):
+                continue
+            before = _state(tree)
+            node, pages = tree.locate(prefetch._matchable(r))
+            assert pages == memo.matched
+            assert node is (memo.match.last_node or tree.root)
+            assert _state(tree) == before
+
+
 def test_the_memo_holds_on_an_unchanged_path_and_not_past_a_change():
     tree = RadixTree(PS)
     slots = iter(range(1000))

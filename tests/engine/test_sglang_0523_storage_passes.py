@@ -115,8 +115,8 @@ def test_a_storage_write_starts_at_the_host_copys_ack_and_holds_it_a_pass(tmp_pa
     acked, written = [], []
     after_ack, write = ctrl._storage_after_ack, ctrl._write_storage
 
-    def on_ack(node, cause):
-        after_ack(node, cause)
+    def on_ack(node, cause, *rest):  # (passes, and the pass an ack batch read once)
+        after_ack(node, cause, *rest)
         acked.append((s.prefetch_pass, node.host_ref))
 
     def on_write(node, cause, now, start=-1, end=-1):

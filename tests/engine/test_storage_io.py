@@ -124,6 +124,7 @@ def test_a_pool_of_another_geometry_is_refused_though_the_engines_write_checks_i
     # write_from with the pool's row view checks the pages' geometry at the first write through
     # that view, not at each: a second view of another geometry is still checked, and refused.
     tier = StorageTier(tmp_path / "st", 30)
+    assert tier.page_bytes == 0  # no page written yet: no geometry
     buf = np.zeros((2, 8, 4), dtype=np.int64)
     rows = _rows.array_rows(buf)
     tier.write_from(buf, [0, 1], [10, 11], rows=rows)

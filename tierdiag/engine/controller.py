@@ -595,9 +595,12 @@ class CacheController:
         `_replace_pending_write_through_node`: publish [upper, lower]) and writes each to storage,
         so every part the copy covered is written, root side first."""
         self._ack_backups([node for node, _, _ in acked])
+        # the pass count read once for the batch (the owner's field is a generic read from
+        # here, ~1.6 parts an ack): no part's storage write moves it
+        now_pass = self.pass_now()
         for node, cause, pages in acked:
             for part in self._parts(node, pages):
-                self._storage_after_ack(part, cause)
+                self._storage_after_ack(part, cause, 2, now_pass)
 
     def _parts(self, node: TreeNode, pages: int) -> list[TreeNode]:
         """The nodes that now hold the `pages` pages `node` held (the last of them `node`, a
@@ -625,15 +628,17 @@ class CacheController:
         for node in nodes:
             self.tree.dec_lock(node)
 
-    def _storage_after_ack(self, node: TreeNode, cause: str | None, passes: int = 2) -> None:
+    def _storage_after_ack(self, node: TreeNode, cause: str | None, passes: int = 2, now_pass: int = -1) -> None:
         """0.5.23: the node's host copy held from its copy's ack until its storage write's ack is
         drained, at the pass after the one whose `writing_check` takes the copy's ack: for a
         write-through copy acknowledged between passes, the pass after the next (pass_now
         counts the pass running, or the last one between passes); for a write-back, whose ack
         is taken in the eviction itself (`writing_check(write_back=True)` blocks for it), the
-        next pass (`passes` 1)."""
+        next pass (`passes` 1). `now_pass`: pass_now() where the caller has read it."""
         self.tree.protect_host(node)
-        self.storage_writes.append(StorageWrite(node, cause, self.pass_now() + passes, len(node.keys)))
+        if now_pass < 0:
+            now_pass = self.pass_now()
+        self.storage_writes.append(StorageWrite(node, cause, now_pass + passes, len(node.keys)))
 
     def start_storage_writes(self, now_ns: int, step: int = -1) -> None:
         """A pass's start (`writing_check` -> `write_backup_storage`): the storage writes whose

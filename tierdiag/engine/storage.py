@@ -312,6 +312,10 @@ class StorageTier:
         self._active: _Segment | None = None
         self._next_segment = 1
         self._page_shape: tuple[int, int] | None = None  # (layers, elems), from the first write
+        # A page's bytes (layers x elems x 8; 0 until the first write): a field set with the
+        # shape, read natively, where a property computed it from the shape's tuple at each of
+        # a write's two reads (~19k writes a conversation[:4000] storage replay, issue 41)
+        self.page_bytes: int = 0
         self._rows_seen: object = None  # the pool row view write_from checked the geometry of
         self._segment_pages = 0
         self._disk_pages = 0  # pages the segment files hold, live or holes
@@ -343,10 +347,6 @@ class StorageTier:
     def used_pages(self) -> int:
         return len(self._index)
 
-    @property
-    def page_bytes(self) -> int:
-        return 0 if self._page_shape is None else self._page_shape[0] * self._page_shape[1] * 8
-
     def disk_bytes(self) -> int:
         """Bytes the segment files hold now (live pages and holes)."""
         return self._disk_pages * self.page_bytes
@@ -376,6 +376,13 @@ class StorageTier:
                 self._set_shape((pool.shape[0], pool.shape[2]))
                 self._rows_seen = rows
             return self._write(keys, None, (0, 0), rows, slots, True)
+        return self._write_gathered(pool, slots, keys, rows)
+
+    def _write_gathered(self, pool, slots: Any, keys: Any, rows: np.ndarray | None) -> int:
+        """write_from's other writes (no row view kept, slots of another type, or no compiled
+        page writer): the pages gathered here. A method of its own: its closure (`gather`) made
+        write_from build an environment object at every call, the engine's fast path included
+        (~19k a conversation[:4000] storage replay, issue 41)."""
         if rows is not None:
             layer_rows = rows
         elif isinstance(pool, np.ndarray):
@@ -489,6 +496,7 @@ class StorageTier:
     def _set_shape(self, shape: tuple[int, int]) -> None:
         if self._page_shape is None:
             self._page_shape = (int(shape[0]), int(shape[1]))
+            self.page_bytes = self._page_shape[0] * self._page_shape[1] * 8
             cap_bytes = self.capacity * self.page_bytes
             seg_bytes = max(SEGMENT_BYTES, -(-cap_bytes // MAX_SEGMENTS))
             self._segment_pages = max(1, min(seg_bytes // self.page_bytes, (1 << _SLOT_BITS) - 1))

@@ -703,6 +703,75 @@ ix_touch(StorageIndex *ix, PyObject *key)
     Py_RETURN_NONE;
 }
 
+/* admit()'s deletion of the oldest page to make room: the key handed back in `deleted` (not
+ * `counted`), its segment named in `emptied` when its last live page went. 0, or -1 with an
+ * error set (an empty index: OrderedDict.popitem's KeyError; no memory). */
+static int
+ix_delete_oldest(StorageIndex *ix, int counted, PyObject *deleted, PyObject *emptied)
+{
+    Py_ssize_t e = ix->head;
+    int64_t loc;
+    if (e < 0) {  /* OrderedDict.popitem on an empty index (capacity 0) */
+        PyErr_SetString(PyExc_KeyError, "dictionary is empty");
+        return -1;
+    }
+    {
+        /* the next victim's entry was prefetched at this deletion's turn one before: its table
+         * slot now (the deletion's one cache miss, the rest is in the line), and the entry of
+         * the victim after it */
+        Py_ssize_t nx = ix->ent[e].next;
+        if (nx >= 0) {
+            __builtin_prefetch(&ix->table[(size_t)IX_TAG(ix->ent[nx].hash) & ix->mask]);
+            if (ix->ent[nx].next >= 0) __builtin_prefetch(&ix->ent[ix->ent[nx].next]);
+        }
+    }
+    loc = ix->ent[e].loc;
+    if (!counted) {  /* the deleted key handed back: made an object only here */
+        PyObject *old = ix_entry_key(ix, e);
+        if (old == NULL || PyList_Append(deleted, old) < 0) {
+            Py_XDECREF(old);
+            return -1;
+        }
+        Py_DECREF(old);
+    }
+    ix_remove(ix, e);
+    if (loc >= 0) {
+        int64_t seg = loc >> IX_SLOT_BITS;
+        if (--ix->live[seg] == 0) {
+            PyObject *s = PyLong_FromLongLong(seg);
+            if (s == NULL || PyList_Append(emptied, s) < 0) {
+                Py_XDECREF(s);
+                return -1;
+            }
+            Py_DECREF(s);
+        }
+    }
+    return 0;
+}
+
+/* The table position of int64 key value `v` (hash `h`) in an index of int64 keys only (`obj`
+ * NULL), or the empty one where it would go (*found 0): ix_probe with its compare made by value,
+ * inlined into admit()'s loop of a key run. */
+static inline __attribute__((always_inline)) size_t
+ix_probe_value(const StorageIndex *ix, Py_hash_t h, int64_t v, int *found)
+{
+    uint32_t tag = IX_TAG(h);
+    size_t i = (size_t)tag & ix->mask;
+    uint64_t s;
+    while ((s = ix->table[i]) != 0) {
+        if (IX_SLOT_TAG(s) == tag) {
+            const IxEntry *x = &ix->ent[IX_SLOT_E(s)];
+            if (x->hash == h && x->key == v) {
+                *found = 1;
+                return i;
+            }
+        }
+        i = (i + 1) & ix->mask;
+    }
+    *found = 0;
+    return i;
+}
+
 PyDoc_STRVAR(ix_admit_doc,
 "admit(keys, capacity[, counted]) -> (deleted, fresh, emptied)\n\n"
 "_LruIndex.admit: a key already there is touched; a new one first deletes the oldest pages\n"
@@ -748,7 +817,58 @@ ix_admit_keys(StorageIndex *ix, IxKeys *kp, Py_ssize_t capacity, int counted,
     if ((!counted && (deleted = PyList_New(0)) == NULL) || (emptied = PyList_New(0)) == NULL) {
         goto fail;
     }
-    for (i = 0; i < n; i++) {
+    i = 0;
+    if (keys.list == NULL && ix->obj == NULL && (size_t)(ix->len + n) * 2 <= ix->mask + 1) {
+        /* The engine's writes (issue 41's storage row: ~770k keys on conversation[:4000]): an
+         * int64 run into an index of int64 keys only, whose table holds every key of the call
+         * without a rehash. Each key is touched, or entered after the oldest pages are deleted
+         * while the index is full, into a freed entry or the next unused one, as the loop
+         * below does (the same entries, table slots, LRU order, deletions, pending entries and
+         * positions), its probe inlined and compared by value. A key that needs the entries to
+         * grow goes on in the loop below from there (nothing of its own done yet but the
+         * deletions, which that loop would have made alike). */
+        for (; i < n; i++) {
+            Py_hash_t h = ks[i].hash;
+            int64_t v = ks[i].v;
+            int found;
+            size_t at;
+            Py_ssize_t e;
+            if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[(size_t)IX_TAG(ks[i + IX_PREFETCH].hash) & ix->mask]);
+            at = ix_probe_value(ix, h, v, &found);
+            if (found) {
+                e = IX_SLOT_E(ix->table[at]);
+                ix_unlink(ix, e);
+                ix_push_newest(ix, e);
+                all_new = 0;
+                continue;
+            }
+            if (ix->len >= capacity) {
+                while (ix->len >= capacity) {
+                    if (ix_delete_oldest(ix, counted, deleted, emptied) < 0) goto fail;
+                    ndeleted++;
+                }
+                at = ix_probe_value(ix, h, v, &found);  /* the table shifted */
+            }
+            if (ix->free_head >= 0) {
+                e = ix->free_head;
+                ix->free_head = ix->ent[e].next;
+            } else if (ix->ent_top < ix->ent_cap && ix->ent_top < IX_MAX_ENTRIES) {
+                e = ix->ent_top++;
+                if (ix->populating && e % IX_CHUNK_ENTRIES == 0) ix_populate_used(ix, ix->ent_top);
+            } else {
+                break;  /* the entries grow: ix_insert's, below */
+            }
+            ix->ent[e].key = v;
+            ix->ent[e].hash = h;
+            ix->ent[e].loc = -1;
+            ix->table[at] = IX_SLOT(e, h);
+            ix_push_newest(ix, e);
+            ix->len++;
+            if (ix->pending_n < IX_PENDING) ix->pending[ix->pending_n++] = e;
+            pos[nfresh++] = i;
+        }
+    }
+    for (; i < n; i++) {
         const IxKey *k = &ks[i];
         int found;
         size_t at;
@@ -763,44 +883,8 @@ ix_admit_keys(StorageIndex *ix, IxKeys *kp, Py_ssize_t capacity, int counted,
         }
         if (ix->len >= capacity) {
             while (ix->len >= capacity) {
-                Py_ssize_t e = ix->head;
-                int64_t loc;
-                if (e < 0) {  /* OrderedDict.popitem on an empty index (capacity 0) */
-                    PyErr_SetString(PyExc_KeyError, "dictionary is empty");
-                    goto fail;
-                }
-                {
-                    /* the next victim's entry was prefetched at this deletion's turn one before:
-                     * its table slot now (the deletion's one cache miss, the rest is in the
-                     * line), and the entry of the victim after it */
-                    Py_ssize_t nx = ix->ent[e].next;
-                    if (nx >= 0) {
-                        __builtin_prefetch(&ix->table[(size_t)IX_TAG(ix->ent[nx].hash) & ix->mask]);
-                        if (ix->ent[nx].next >= 0) __builtin_prefetch(&ix->ent[ix->ent[nx].next]);
-                    }
-                }
-                loc = ix->ent[e].loc;
-                if (!counted) {  /* the deleted key handed back: made an object only here */
-                    PyObject *old = ix_entry_key(ix, e);
-                    if (old == NULL || PyList_Append(deleted, old) < 0) {
-                        Py_XDECREF(old);
-                        goto fail;
-                    }
-                    Py_DECREF(old);
-                }
-                ix_remove(ix, e);
+                if (ix_delete_oldest(ix, counted, deleted, emptied) < 0) goto fail;
                 ndeleted++;
-                if (loc >= 0) {
-                    int64_t seg = loc >> IX_SLOT_BITS;
-                    if (--ix->live[seg] == 0) {
-                        PyObject *s = PyLong_FromLongLong(seg);
-                        if (s == NULL || PyList_Append(emptied, s) < 0) {
-                            Py_XDECREF(s);
-                            goto fail;
-                        }
-                        Py_DECREF(s);
-                    }
-                }
             }
             at = ix_probe(ix, k, &found);  /* the table shifted */
         }
