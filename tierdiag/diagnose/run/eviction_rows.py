@@ -149,6 +149,33 @@ class EvictionResults(NamedTuple):
     by_tier: list  # [read/totals.py EvictionTotals], unordered (as the query's)
 
 
+class _Columns:
+    """Columns of rows appended batch by batch, each an array grown by doubling (the close reads
+    them as they are: no concatenation of a run's batches in the close the replay waits for)."""
+
+    def __init__(self, **dtypes) -> None:
+        import numpy as np
+
+        self.n = 0
+        self.cols = {name: np.zeros(256, dtype=t) for name, t in dtypes.items()}
+
+    def append(self, **arrays) -> None:
+        import numpy as np
+
+        k = len(next(iter(arrays.values())))
+        need = self.n + k
+        for name, a in self.cols.items():
+            if need > len(a):
+                grown = np.zeros(max(need, 2 * len(a)), dtype=a.dtype)
+                grown[:self.n] = a[:self.n]
+                self.cols[name] = a = grown
+            a[self.n:need] = arrays[name]
+        self.n = need
+
+    def __getitem__(self, name: str):
+        return self.cols[name][:self.n]
+
+
 def _among(a, b):
     """Which of the ints `a` are among `b` (np.isin): by a table of their range where it is
     small (the engine's eviction ids: ~4x faster than by sorting), else by sorting."""
@@ -166,38 +193,36 @@ class EvictionRows:
     parts then); `off` says why they were given up for rows the SQL would read otherwise."""
 
     def __init__(self) -> None:
+        import numpy as np
+
         self.off: str | None = None
         # the request rows: id -> position; per position the remaining tokens, the schedule
         # instant, whether the removal join takes the row (a prefill, recomputed tokens)
         self.req_at: dict = {}
         self.requests = 0
-        self.q_x: list = []
-        self.q_t1: list = []
-        self.q_ok: list = []
+        self.q = _Columns(x=np.int64, t1=np.int64, ok=bool)
         # the delete/drop evictions (id, deleted, dropped, hits, no last use, last use)
-        self.dd: list = []
+        self.dd = _Columns(id=np.int64, deleted=bool, dropped=bool, hits=np.int64, not0=bool, t0=np.int64)
         # the device evictions: count, tokens, and each one's id and tokens (the semi-join)
         self.dev_count = 0
         self.dev_tokens = 0
-        self.dev: list = []
+        self.dev = _Columns(id=np.int64, tok=np.int64)
         self.by_tier = _Groups()
         self.evictions = 0
         self.eviction_id_sum = 0
         # the re-references: (eviction id, request position or -1, tokens, tokens not NULL), the
         # ids of the requests not yet taken at theirs (position -1: looked up at the close)
-        self.links: list = []
-        self.pending: list = []
-        self.pending_at: list = []  # their places among the kept re-references (arrays)
-        self.link_rows = 0  # re-references kept
-        self.link_ids: list = []  # every re-reference's eviction id (the device semi-join)
+        self.links = _Columns(id=np.int64, req=np.int64, tok=np.int64, ok=bool)
+        self.pending: dict = {}  # request id -> its re-references' places (`links`) taken before it
+        self.link_ids = _Columns(id=np.int64)  # every re-reference's eviction id (the device semi-join)
         self.link_count = 0
         self.link_id_sum = 0
 
     def _decline(self, why: str) -> None:
         self.off = why
-        self.q_x = self.q_t1 = self.q_ok = self.dd = self.dev = self.links = self.link_ids = []
+        self.q = self.dd = self.dev = self.links = self.link_ids = None
         self.req_at = {}
-        self.pending = self.pending_at = []
+        self.pending = {}
 
     def take(self, taken: dict) -> None:
         """A batch of rows the writer took (table -> column -> Arrow array)."""
@@ -245,9 +270,11 @@ class EvictionRows:
         rec = v["recomputed_tokens"]
         x = np.maximum(rec - np.where(lb, v["loadback_skipped_tokens"], 0)
                        - np.where(st, np.maximum(v["storage_match_tokens"] - v["storage_hit_tokens"], 0), 0), 0)
-        self.q_x.append(np.where(ok, x, 0))
-        self.q_t1.append(np.where(ok, v["first_token_ns"] - v["prefill_ns"], 0))
-        self.q_ok.append(ok)
+        self.q.append(x=np.where(ok, x, 0), t1=np.where(ok, v["first_token_ns"] - v["prefill_ns"], 0), ok=ok)
+        if self.pending:  # re-references taken before their request: theirs now
+            req = self.links.cols["req"]
+            for rid in list(filter(self.pending.__contains__, ids)):  # a C loop over the batch's ids
+                req[self.pending.pop(rid)] = self.req_at[rid]
         return None
 
     def _evictions(self, cols: dict) -> str | None:
@@ -278,11 +305,12 @@ class EvictionRows:
         self.dev_count += int(dev.sum())
         dev_tok = np.where(tok_ok, tok, 0)[dev]
         self.dev_tokens += int(dev_tok.sum())
-        self.dev.append((eid[dev & eid_ok], np.where(tok_ok, tok, 0)[dev & eid_ok]))
+        self.dev.append(id=eid[dev & eid_ok], tok=np.where(tok_ok, tok, 0)[dev & eid_ok])
         deleted, dropped = code_is(a_code, actions, "delete"), code_is(a_code, actions, "drop")
         keep = (deleted | dropped) & eid_ok
         last_ok = arrow_valid(cols["node_last_access_ns"])
-        self.dd.append((eid[keep], deleted[keep], dropped[keep], hits[keep], ~last_ok[keep], last[keep]))
+        self.dd.append(id=eid[keep], deleted=deleted[keep], dropped=dropped[keep], hits=hits[keep],
+                       not0=~last_ok[keep], t0=last[keep])
         return None
 
     def _links(self, cols: dict) -> str | None:
@@ -297,17 +325,18 @@ class EvictionRows:
             return "a re-reference's id or tokens past the fold's exact range"
         self.link_count += n
         self.link_id_sum += int(eid[eid_ok].sum())
-        self.link_ids.append(eid[eid_ok])
+        self.link_ids.append(id=eid[eid_ok])
         reqs = cols["req_id"].to_pylist()
         keep = eid_ok & arrow_valid(cols["req_id"])  # a NULL id joins nothing
         # each one's request by a C loop (`map`: no NULL is a key), -1 for one not taken yet
         at = np.fromiter(map(self.req_at.get, reqs, itertools.repeat(-1)), np.int64, n)[keep]
         later = np.flatnonzero(at < 0)
+        place = self.links.n
+        self.links.append(id=eid[keep], req=at, tok=tok[keep], ok=tok_ok[keep])
         if len(later):
-            self.pending_at.append(self.link_rows + later)
-            self.pending.extend([reqs[i] for i in np.flatnonzero(keep)[later].tolist()])
-        self.link_rows += len(at)
-        self.links.append((eid[keep], at, tok[keep], tok_ok[keep]))
+            rows = np.flatnonzero(keep)[later].tolist()
+            for at_link, i in zip((place + later).tolist(), rows):
+                self.pending.setdefault(reqs[i], []).append(at_link)
         return None
 
     def check(self) -> tuple:
@@ -325,9 +354,7 @@ class EvictionRows:
 
         import numpy as np
 
-        link_ids = np.concatenate(self.link_ids) if self.link_ids else np.zeros(0, np.int64)
-        dev_ids = np.concatenate([d[0] for d in self.dev]) if self.dev else np.zeros(0, np.int64)
-        dev_tok = np.concatenate([d[1] for d in self.dev]) if self.dev else np.zeros(0, np.int64)
+        link_ids, dev_ids, dev_tok = self.link_ids["id"], self.dev["id"], self.dev["tok"]
         device = DeviceEvictions(self.dev_count, self.dev_tokens, int(dev_tok[_among(dev_ids, link_ids)].sum()))
         g = self.by_tier
         by_tier = [EvictionTotals(tier, action, g.count[i], g.sum[i] if g.valid[i] else None)
@@ -340,11 +367,7 @@ class EvictionRows:
 
         from tierdiag.diagnose.read.run_context import RemovedRereferences
 
-        def cat(parts: list, at: int, dtype) -> Any:
-            return np.concatenate([p[at] for p in parts]) if parts else np.zeros(0, dtype)
-
-        e_id, e_del, e_drop, e_hits, e_not0, e_t0 = (cat(self.dd, k, t) for k, t in enumerate(
-            (np.int64, bool, bool, np.int64, bool, np.int64)))
+        e_id = self.dd["id"]
         if len(e_id) > 1 and not (e_id[1:] > e_id[:-1]).all():  # the engine's ids rise: sorted as taken
             by = np.argsort(e_id, kind="stable")
             e_sorted = e_id[by]
@@ -352,14 +375,9 @@ class EvictionRows:
                 return None  # a repeated delete/drop eviction id: the join repeats its re-references
         else:
             by, e_sorted = None, e_id
-        l_id, l_req, l_tok, l_ok = (cat(self.links, k, t) for k, t in enumerate((np.int64, np.int64, np.int64, bool)))
-        if self.pending:  # the re-references taken before their request: looked up now (a C loop)
-            l_req = l_req.copy()
-            l_req[np.concatenate(self.pending_at)] = np.fromiter(
-                map(self.req_at.get, self.pending, itertools.repeat(-1)), np.int64, len(self.pending))
-        q_x = cat([(p,) for p in self.q_x], 0, np.int64)
-        q_t1 = cat([(p,) for p in self.q_t1], 0, np.int64)
-        q_ok = cat([(p,) for p in self.q_ok], 0, bool)
+        # (a re-reference whose request never came: -1, joins nothing, as in the SQL)
+        l_id, l_req, l_tok, l_ok = self.links["id"], self.links["req"], self.links["tok"], self.links["ok"]
+        q_x, q_t1, q_ok = self.q["x"], self.q["t1"], self.q["ok"]
         pos = np.searchsorted(e_sorted, l_id)
         inside = pos < len(e_sorted)
         joined = inside.copy()
@@ -379,4 +397,6 @@ class EvictionRows:
         ratio = q_x[req].astype(np.float64) / s.astype(np.float64)
         tokens = tok.astype(np.float64) * np.minimum(1.0, ratio)
         e = pos[joined] if by is None else by[pos[joined]]
-        return RemovedRereferences(tokens, e_del[e], e_drop[e], e_hits[e], e_not0[e], e_t0[e], q_t1[req])
+        dd = self.dd
+        return RemovedRereferences(tokens, dd["deleted"][e], dd["dropped"][e], dd["hits"][e], dd["not0"][e], dd["t0"][e],
+                                   q_t1[req])
