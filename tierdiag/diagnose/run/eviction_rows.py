@@ -341,7 +341,7 @@ class EvictionRows:
 
     def check(self) -> tuple:
         """What the store must hold for the parts to be its rows: (request rows, evictions, the
-        sum of their ids, re-references, the sum of theirs): read/run_context.py `folded_rows_check`'s
+        sum of their ids, re-references, the sum of theirs): read/folded.py `folded_rows_check`'s
         last five."""
         return (self.requests, self.evictions, self.eviction_id_sum, self.link_count, self.link_id_sum)
 

@@ -128,12 +128,13 @@ class StoryRows:
 
     def results_all(self, con: duckdb.DuckDBPyConnection, run_id: str) -> tuple:
         """`results`' two and eviction_rows.EvictionResults (the eviction queries' results),
-        checked with them, in the same statement (all three: read/run_context.py
+        checked with them, in the same statement (all three: read/folded.py
         `folded_rows_check`); each None where there are none to use (the caller queries)."""
         import numpy as np
 
         from tierdiag.diagnose.read.rows import has_miss_columns
-        from tierdiag.diagnose.read.run_context import folded_rows_check, story_requests_of, story_rows_check
+        from tierdiag.diagnose.read.folded import folded_rows_check
+        from tierdiag.diagnose.read.run_context import story_requests_of, story_rows_check
         from tierdiag.diagnose.run.context_rows import context_rows
 
         if self.off is not None or run_id != self.run_id or not self.parts or not has_miss_columns(con):
