@@ -147,7 +147,8 @@ if hasattr(E, "begin_run_evidence"):  # the request lookup's rows beside the sec
     timed(E, "begin_run_evidence", "lookup", by_thread)
 for name, label in [("compute_run_context", "context"), ("size_curves", "curves"), ("compute_run_summary", "rest"),
                     ("run_totals", "rest"), ("session_summary", "rest"), ("rank_summary", "rest"),
-                    ("run_miss_reasons", "rest"), ("session_pauses", "sessions"), ("run_story", "story")]:
+                    ("run_miss_reasons", "rest"), ("session_pauses", "sessions"), ("run_story", "story"),
+                    ("folded_rows", "story")]:  # the folds' check and results, on the story's thread
     if hasattr(E, name):
         timed(E, name, label, by_thread)
 r, wfd = os.pipe()

@@ -13,6 +13,7 @@
     curves.py    the size curves' requests and found tokens
     ids.py       ids a command hands on (a `next:` hint's request, a kept store's sweeps)
     run_context.py       the run-wide sums and column sets the run's evidence is computed from
+    folded.py            the store's side of the close's check of the rows folded while recording
     request_context.py   one request's surroundings: its rank's batches and requests around its wait
     request_steps.py     explain's steps: the request's transfers and evictions, the run around it
     waiting.py           what a request's prefix lost while it waited (and its SQL fragments)

@@ -148,7 +148,7 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             rec = batch_recompute_sql(cur)
             # Its per-request rows folded while the run was recorded, where they are the run's
             # (story_rows.py: the close's largest query, issue 41); else queried by run_story.
-            folded, done["context_rows"] = folded_rows(cur, run.run_id, use=rec is not None)
+            folded, done["context_rows"], done["eviction_rows"] = folded_rows(cur, run.run_id, use=rec is not None)
             rows_done.set()
             done["story"] = run_story(cur, run.run_id, rec, cause_counts=counts, requests=folded,
                                       batches=None if one_thread else lambda: batches(cur, rec))
@@ -177,6 +177,14 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         # longest, on the conversation trace at load 9; issue 41, session 32). None: queried.
         rows_done.wait()
         return done.get("context_rows")
+
+    def eviction_rows():
+        # The eviction queries' results (the removals' re-references, the device evictions, the
+        # summary's by tier and action, owners and causes), folded while recording beside the
+        # story's rows and checked with them (eviction_rows.py: five statements, ~23 ms of the
+        # close's CPU on the conversation trace; issue 41, session 34). None: queried.
+        rows_done.wait()
+        return done.get("eviction_rows")
 
     def cause_counts():
         # The summary's requests per primary cause: the story's query reads every finished
@@ -224,10 +232,15 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
     work = {"story": the_story,
             "context": lambda c: compute_run_context(
                 c, run, story=story, miss_reasons=lambda: miss_reasons(c), scan=lambda: scan(c),
-                batches=None if one_thread else lambda rec: batches(c, rec), rows=context_rows),
+                batches=None if one_thread else lambda rec: batches(c, rec), rows=context_rows,
+                evictions=eviction_rows),
             "sessions": lambda c: session_pauses(c, run),
-            "summary": lambda c: compute_run_summary(c, run, cause_counts=cause_counts, scan=lambda: scan(c)),
-            "totals": lambda c: run_totals(c, run.run_id, scan=lambda: scan(c)),
+            "summary": lambda c: compute_run_summary(c, run, cause_counts=cause_counts, scan=lambda: scan(c),
+                                                     evictions=eviction_rows),
+            # (not in the large runs' plan: there the totals come before the story on its one
+            # thread, and a run that large has no fold: story_rows.py MOST_ROWS)
+            "totals": lambda c: run_totals(c, run.run_id, scan=lambda: scan(c),
+                                           evictions=None if one_thread else eviction_rows),
             "session_summary": lambda c: session_summary(c, run),
             "rank_summary": lambda c: rank_summary(c, run), "miss_reasons": miss_reasons}
 

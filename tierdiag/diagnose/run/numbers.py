@@ -13,7 +13,7 @@ A few aggregate queries over the run's rows; no per-request Python loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import duckdb
 
@@ -186,13 +186,17 @@ def _classes(con: duckdb.DuckDBPyConnection, rid: str) -> tuple[ClassStats, ...]
 
 def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *,
                         cause_counts: Callable[[], dict[str, int] | None] | None = None,
-                        scan: Callable[[], RunScan] | None = None) -> RunSummary:
+                        scan: Callable[[], RunScan] | None = None,
+                        evictions: Callable[[], Any] | None = None) -> RunSummary:
     """`summary.run_summary`'s numbers from the run's rows, without the diagnosis (what evidence.py stores).
     `cause_counts`, if given, is asked last for the finished requests per primary cause (the run
     story's, story.py `run_story(cause_counts=...)`: the run's close computes both, issue 41);
     where it gives None they are queried (read/totals.py `requests_by_cause`), as without it.
     `scan`, if given, gives the run's request and transfer totals (read/run_scan.py: one query
-    for these, the run context's and the run totals', issue 41 session 26); else queried here."""
+    for these, the run context's and the run totals', issue 41 session 26); else queried here.
+    `evictions`, if given, gives the eviction queries' results folded while the run was recorded
+    (eviction_rows.py `EvictionResults`: the evictions by tier and action; issue 41 session 34);
+    where it is None, queried here."""
     rid = run.run_id
     s = scan() if scan is not None else None
     t = read.request_totals(con, rid) if s is None else s.totals
@@ -226,7 +230,8 @@ def compute_run_summary(con: duckdb.DuckDBPyConnection, run: RunInfo, *,
                     for r in read.skipped_by_reason(con, rid))
 
     tier_order = {"device": 0, "host": 1, "storage": 2}
-    ev_rows = read.evictions_by_tier(con, rid)
+    folded = evictions() if evictions is not None else None
+    ev_rows = read.evictions_by_tier(con, rid) if folded is None else list(folded.by_tier)
     # A NULL tier or action (hand-made or foreign rows; the engine writes neither) sorts last.
     ev_rows.sort(key=lambda r: (tier_order.get(r.tier, 3), r.tier is None, r.tier or "",
                                 r.action is None, r.action or ""))

@@ -22,6 +22,7 @@ import duckdb
 
 from tierdiag.diagnose.run.capacity import Capacity, run_capacity
 from tierdiag.diagnose.run.context_rows import ContextRows
+from tierdiag.diagnose.run.eviction_rows import EvictionResults
 from tierdiag.diagnose.request.context import ATTRIBUTION_KEYS, WaitPart, round_exact
 from tierdiag.diagnose.read.query import dataclass_json, link_peak_bytes_per_s
 from tierdiag.diagnose.dp.routing_loss import RoutingLoss, routing_loss
@@ -224,7 +225,7 @@ def _run_attribution(con: duckdb.DuckDBPyConnection, rid: str, rec: str, queue_t
 
 def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict,
             miss_reasons: Callable[[], dict[str, int] | None] | None = None, scan: RunScan | None = None,
-            rows: ContextRows | None = None) -> LossEvidence:
+            rows: ContextRows | None = None, removed: read_ctx.RemovedRereferences | None = None) -> LossEvidence:
     t = read_ctx.finished_token_totals(con, rid) if scan is None else scan.tokens
     skipped = {r: _i(n) for r, n in (read_ctx.loadback_skipped_by_reason(con, rid) if rows is None else rows.skipped)}
     unused = {r: _i(n) for r, n in (read_ctx.storage_unused_by_reason(con, rid) if rows is None else rows.unused)}
@@ -240,7 +241,7 @@ def _losses(con: duckdb.DuckDBPyConnection, rid: str, config: dict,
     import numpy as np
 
     alloc = read_ctx.allocations(con, rid) if rows is None else rows.allocations
-    raw = read_ctx.removed_rereferences(con, rid)
+    raw = read_ctx.removed_rereferences(con, rid) if removed is None else removed
     deciles: list[int] = []
     deleted = dropped = hot = 0
     hot_competing: list[int] = []
@@ -362,7 +363,8 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
                         miss_reasons: Callable[[], dict[str, int] | None] | None = None,
                         scan: Callable[[], RunScan] | None = None,
                         batches: Callable[[str], read_ctx.BatchArrays] | None = None,
-                        rows: Callable[[], ContextRows | None] | None = None) -> RunContext:
+                        rows: Callable[[], ContextRows | None] | None = None,
+                        evictions: Callable[[], EvictionResults | None] | None = None) -> RunContext:
     """The run-level evidence `summary`'s diagnosis and `explain`'s "why" stand on, from the run's
     rows (what evidence.py stores at the run's close; readers take it through facts.py).
 
@@ -384,10 +386,13 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
     recompute column, the run's `read_ctx.batch_arrays` from the caller (the story's too,
     evidence.py); None: queried here. `rows`: the run's wait windows, allocations, lost sizes,
     skipped and unused sums and ideal arrivals folded while it was recorded (context_rows.py),
-    from the caller; None, or its None: queried."""
+    from the caller; None, or its None: queried. `evictions`: the eviction queries' results
+    folded while it was recorded (eviction_rows.py: here its removals' re-references), from the
+    caller; None, or its None (or its part's): queried."""
     rid = run.run_id
     s = scan() if scan is not None else None
     folded = rows() if rows is not None else None
+    folded_evictions = evictions() if evictions is not None else None
     t = read_ctx.finished_totals(con, rid) if s is None else s.finished
     span = max(_i(t.end_ns) - _i(t.start_ns), 0)
     rec = read_ctx.batch_recompute_sql(con)
@@ -405,7 +410,8 @@ def compute_run_context(con: duckdb.DuckDBPyConnection, run, *, attribution: boo
         recompute_share_of_prefill=share(recompute, compute) if rec else None,
         ttft_total_ns=_i(t.ttft_ns), queue_total_ns=queue_total, queue_share_of_ttft=share(queue_total, _i(t.ttft_ns)),
         excess_total_ns=_i(t.excess_ns), queue_attribution=attribution,
-        losses=_losses(con, rid, run.config, miss_reasons, s, folded),
+        losses=_losses(con, rid, run.config, miss_reasons, s, folded,
+                       None if folded_evictions is None else folded_evictions.removed),
         transfers=_transfers(con, rid, link_peak_bytes_per_s(run), _overhead_ns(run), s),
         config=dict(run.config), kv_bytes_per_token=int(kv) if kv else None,
         ttft_p50_ns=t.ttft_p50_ns, ttft_p99_ns=t.ttft_p99_ns,

@@ -44,13 +44,22 @@ class StoryRows:
         # The run context's parts of the same batches (context_rows.py), given up alone where a
         # batch has what they cannot project (the story's parts kept).
         self.context_parts: list[dict] | None = []
+        # The eviction queries' parts of the same batches (eviction_rows.py: their requests,
+        # evictions and re-references), checked with the story's; None once given up (the
+        # close queries them then), alone where it is what they cannot take.
+        from tierdiag.diagnose.run.eviction_rows import EvictionRows
+
+        self.evictions: EvictionRows | None = EvictionRows()
 
     def take(self, taken: dict | None) -> None:
         """A batch of rows the writer took (table -> column -> Arrow array); None: no more come."""
         if taken is None:
             return
         requests = taken.get("requests")
-        if self.off is not None or not requests:
+        if self.off is not None:
+            return
+        if not requests:
+            self._take_evictions(taken)
             return
         try:
             from tierdiag.diagnose.read.run_context import taken_story_rows
@@ -70,6 +79,21 @@ class StoryRows:
             self.seq_sum += int(part["seq"].sum(dtype="int64")) if len(part["seq"]) else 0
         except Exception as exc:  # noqa: BLE001 - the close queries the store instead, as without a writer process
             self._give_up(f"{type(exc).__name__}: {exc}")
+            return
+        self._take_evictions(taken)
+
+    def _take_evictions(self, taken: dict) -> None:
+        """The eviction queries' part of a batch; what it cannot project (what it raises, or
+        rows it declines: eviction_rows.py) gives up their parts alone: the close queries them."""
+        if self.evictions is None:
+            return
+        try:
+            self.evictions.take(taken)
+        except Exception:  # noqa: BLE001 - the eviction queries then, as without a fold
+            self.evictions = None
+            return
+        if self.evictions.off is not None:
+            self.evictions = None
 
     def _take_context(self, requests: dict) -> None:
         """The run context's part of a batch whose story part was taken; what it cannot project
@@ -89,6 +113,7 @@ class StoryRows:
         self.off = why
         self.parts = []
         self.context_parts = None
+        self.evictions = None
 
     def result(self, con: duckdb.DuckDBPyConnection, run_id: str):
         """The run's StoryRequests from the parts, where they are its committed finished rows
@@ -99,20 +124,36 @@ class StoryRows:
         """(StoryRequests, context_rows.ContextRows) from the parts, where they are the run's
         committed finished rows (checked on `con`, the store, once for both); each None where
         there are none to use (the caller queries)."""
+        return self.results_all(con, run_id)[:2]
+
+    def results_all(self, con: duckdb.DuckDBPyConnection, run_id: str) -> tuple:
+        """`results`' two and eviction_rows.EvictionResults (the eviction queries' results),
+        checked with them, in the same statement (all three: read/folded.py
+        `folded_rows_check`); each None where there are none to use (the caller queries)."""
         import numpy as np
 
         from tierdiag.diagnose.read.rows import has_miss_columns
+        from tierdiag.diagnose.read.folded import folded_rows_check
         from tierdiag.diagnose.read.run_context import story_requests_of, story_rows_check
         from tierdiag.diagnose.run.context_rows import context_rows
 
         if self.off is not None or run_id != self.run_id or not self.parts or not has_miss_columns(con):
-            return None, None
-        if story_rows_check(con, run_id) != (self.finished, self.seq_sum):
-            return None, None
+            return None, None, None
+        evictions, self.evictions = self.evictions, None
+        if evictions is None:
+            if story_rows_check(con, run_id) != (self.finished, self.seq_sum):
+                return None, None, None
+        else:
+            have = folded_rows_check(con, run_id)
+            if have[:2] != (self.finished, self.seq_sum):
+                return None, None, None
+            if have[2:] != evictions.check():
+                evictions = None
         parts, self.parts = self.parts, []
         more, self.context_parts = self.context_parts, None
         columns = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-        return story_requests_of(columns), (context_rows(more) if more else None)
+        return (story_requests_of(columns), (context_rows(more) if more else None),
+                evictions.results() if evictions is not None else None)
 
 
 _FOLDS: list[StoryRows] = []  # at most one: the run this process is recording
@@ -144,10 +185,11 @@ def story_rows(con: duckdb.DuckDBPyConnection, run_id: str, *, use: bool = True)
 
 
 def folded_rows(con: duckdb.DuckDBPyConnection, run_id: str, *, use: bool = True) -> tuple:
-    """(the story's rows, the run context's: context_rows.ContextRows) of run `run_id` folded
-    while it was recorded, once (the fold is let go either way; `use` False: only that): each None
-    where there are none to use (then queried: read/run_context.py)."""
+    """(the story's rows, the run context's: context_rows.ContextRows, the eviction queries':
+    eviction_rows.EvictionResults) of run `run_id` folded while it was recorded, once (the fold is
+    let go either way; `use` False: only that): each None where there are none to use (then
+    queried: read/run_context.py, read/totals.py)."""
     if not _FOLDS:
-        return None, None
+        return None, None, None
     fold = _FOLDS.pop()
-    return fold.results(con, run_id) if use else (None, None)
+    return fold.results_all(con, run_id) if use else (None, None, None)
