@@ -214,10 +214,9 @@ def test_the_writer_process_holds_the_limit_from_the_open(tmp_path, monkeypatch)
             assert con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == f"{limit / 2**20:.1f} MiB"
             folder = serve.writer._spill
             assert folder and Path(folder).parent == tmp_path / "sys"
-            serve.writer.finish("complete")
-            assert _setting(con, "memory_limit") == _setting(duckdb.connect(":memory:"), "memory_limit") \
-                if serve.writer._host is not None else True
-            serve.writer.remove_spill()
+            serve.writer.finish("complete", release=False)  # as the writer process closes: the connection kept
+            assert _setting(con, "memory_limit") == _setting(duckdb.connect(":memory:"), "memory_limit")
+            serve.writer.close()
             assert not Path(folder).exists()
     finally:
         os.close(r)
