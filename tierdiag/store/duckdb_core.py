@@ -212,3 +212,61 @@ def alone_threads(con, threads: int) -> int | None:
 def restore_threads(con, had: int) -> None:
     """The instance of `con` back on the `had` threads `alone_threads` returned."""
     con.execute(f"SET threads = {int(had)}")
+
+
+# The least limit `hold_memory` sets: under it DuckDB refuses even a settings query (a limit of a
+# few bytes: out of memory at `SELECT current_setting(...)`), and a write of the widest table
+# failed at 32 MB (the `requests` table's 69 columns pin a segment each as they are appended).
+HOLD_LEAST_BYTES = 64 << 20
+
+
+def hold_memory(con, limit_bytes: int) -> str | None:
+    """Bound the buffer-managed memory of `con`'s DuckDB instance (the tables' cached blocks, a
+    transaction's rows, a checkpoint's merged row groups) at `limit_bytes` until `lift_memory`,
+    what passes it spilled to a folder of its own made here in the system's temporary directory
+    (never the current directory, DuckDB's default `.tmp`): returns that folder, for
+    `remove_spill` once the instance is done with; None where nothing was set (a DuckDB that
+    refused either setting, no temporary directory to make it in, a limit not an int of at least
+    HOLD_LEAST_BYTES).
+    DuckDB fails a statement whose pinned memory alone passes the limit, and a failed checkpoint
+    invalidates the database, so the limit must stay well above what a statement pins (measured:
+    a 1M-request store's writes of ~30k requests checkpointed at 100 MB, failed at 32 MB; issue 41,
+    benchmarks/README.md session 34 h44peak)."""
+    import shutil
+    import tempfile
+
+    import duckdb
+
+    if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < HOLD_LEAST_BYTES:
+        return None
+    try:
+        folder = tempfile.mkdtemp(prefix="tierdiag-spill-")
+    except OSError:
+        return None
+    try:
+        con.execute("SET temp_directory = '" + folder.replace("'", "''") + "'")
+        con.execute(f"SET memory_limit = '{limit_bytes}B'")
+    except duckdb.Error:
+        for reset in ("RESET memory_limit", "RESET temp_directory"):
+            try:
+                con.execute(reset)
+            except duckdb.Error:  # no such setting here: it was never changed
+                continue
+        shutil.rmtree(folder, ignore_errors=True)
+        return None
+    return folder
+
+
+def lift_memory(con) -> None:
+    """`hold_memory`'s limit lifted: DuckDB's default again (its spill folder stays set, so that
+    whatever spills later lands there too, not in the current directory)."""
+    con.execute("RESET memory_limit")
+
+
+def remove_spill(folder: str | None) -> None:
+    """Remove `hold_memory`'s spill folder and what DuckDB left in it (nothing once the instance
+    freed its spilled blocks; a process that leaves by os._exit never closes the instance)."""
+    import shutil
+
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)

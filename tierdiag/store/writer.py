@@ -49,7 +49,8 @@ from tierdiag.errors import OutputError, StoreError, TierdiagError
 from tierdiag.paths import prepare_output_path
 from tierdiag.store.reader import (attach_with_retry, check_store, connect_with_retry, damage_error, detach,
                                    first_line, is_lock_error, lock_holder, unfinished_store, verify_blocks)
-from tierdiag.store.duckdb_core import release_cached_blocks, release_freed_heap
+from tierdiag.store.duckdb_core import (hold_memory, lift_memory, release_cached_blocks, release_freed_heap,
+                                       remove_spill)
 from tierdiag.store.columns import _ARROW_TYPES, arrow_column as _arrow, table_columns  # noqa: F401 - table_columns: the writer process decodes with it
 from tierdiag.store.schema import SCHEMA_VERSION, TABLES, columns_missing_in, create_statements, new_run_id
 
@@ -167,6 +168,8 @@ class RunWriter:
         self.has_run = True  # the runs row is written once this returns (the process client may not know yet)
         self._host: duckdb.DuckDBPyConnection | None = None  # `_connect`: the file is attached to it
         self._kept = False  # `finish(let_go_later=True)` left the file attached: `let_go` detaches it
+        self._spill: str | None = None  # `hold_memory`'s spill folder while its limit holds (or until removed)
+        self._held = False  # `hold_memory`'s limit set and not lifted
         prepare_output_path(self.db_path, what="--db", store=True)
         if self.db_path.is_file() and self.db_path.stat().st_size == 0:
             # An empty file (`touch`, or a creation killed before DuckDB wrote its header) holds
@@ -255,6 +258,7 @@ class RunWriter:
             detach(self._host)
         except duckdb.Error as exc:
             host, self._host = self._host, None
+            self._held = False  # a new connection (the next write's) starts without the limit
             with contextlib.suppress(duckdb.Error):  # the file is let go of either way
                 host.close()
             if not failing:
@@ -268,12 +272,47 @@ class RunWriter:
             self._kept = False
             self._let_go()
 
+    def hold_memory(self, limit_bytes: int) -> bool:
+        """Bound DuckDB's buffer-managed memory through this writer's writes at `limit_bytes`
+        (store/duckdb_core.py `hold_memory`: what passes it spills into a folder of its own in the
+        system's temporary directory), until `finish` lifts it once the last rows are committed,
+        before the close's hook; whether it was set.
+        The writer process's (writer_serve.py): a large run's vacuuming checkpoints held the
+        merged row groups of its widest table in memory, on top of everything else the process
+        holds (issue 41's 1M row). `remove_spill` removes the folder."""
+        if self._host is None or self._held:
+            return self._held
+        folder = hold_memory(self._host, limit_bytes)
+        if folder is None:
+            return False
+        remove_spill(self._spill)
+        self._spill, self._held = folder, True
+        return True
+
+    def _lift_memory(self) -> None:
+        """`hold_memory`'s limit lifted (the close's queries run as without it)."""
+        if self._held:
+            self._held = False
+            if self._host is not None:
+                try:
+                    lift_memory(self._host)
+                except duckdb.Error as exc:
+                    raise write_error(self.db_path, exc) from None
+
+    def remove_spill(self) -> None:
+        """Remove `hold_memory`'s spill folder (the process is done with DuckDB: it leaves by os._exit,
+        which never closes the instance that would remove what it spilled)."""
+        remove_spill(self._spill)
+        self._spill = None
+
     def close(self) -> None:
         """Let go of the in-memory connection (the file was let go of after every write)."""
         self.let_go()
         if self._host is not None:
             host, self._host = self._host, None
+            self._held = False
             host.close()
+        self.remove_spill()  # the instance closed: what it spilled is gone with it
 
     @staticmethod
     def _append(con: duckdb.DuckDBPyConnection, table: str, columns: Mapping[str, Any]) -> None:
@@ -455,6 +494,9 @@ class RunWriter:
                     self._write_pending(con)
                     if large:
                         self._let_memory_go(con)
+                # The last rows were written under the writes' limit (`hold_memory`); the hook's
+                # queries run without it.
+                self._lift_memory()
                 try:
                     con.execute(
                         "UPDATE runs SET status = ?, finished_at = ?, num_requests = ?, wall_s = ?, error = ?, "

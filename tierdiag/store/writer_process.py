@@ -105,6 +105,17 @@ VACUUM_EVERY = 2
 # before: every VACUUM_EVERY-th write vacuums.
 VACUUM_ROWS = 122_880
 VACUUM_MOST_WRITES = 8
+# The writer process holds DuckDB's buffer-managed memory at this through the run's writes
+# (store/duckdb_core.py `hold_memory`: what passes it spills into a folder of its own in the
+# system's temporary directory, removed as the process exits), the close's last write included,
+# lifted for the close's queries (RunWriter.finish: the evidence's sections run as before). A
+# 1M-request replay's vacuuming checkpoints held DuckDB's merged row groups (IN_MEMORY_TABLE, up
+# to ~260 MB: 3 row groups of its widest table, `requests`, 69 columns) and the tables' cached
+# blocks (~75 MB) on top of the process's ~500-850 MB: the run's peak (issue 41's 1M row;
+# benchmarks/README.md, session 34 h44peak: DuckDB's 327-338 MiB in a run held at 127 MiB). A
+# checkpoint whose pinned memory alone passes the limit fails and invalidates the database:
+# measured on 30k-request writes into a 1M-request store, 100 MB checkpointed, 32 MB failed.
+WRITE_MEMORY_LIMIT = 128 << 20
 BATCH_ROWS = 8_192  # the recorder hands rows over this often with a writer process (inline: 250k)
 CHILD_ENTRY = "from tierdiag.store.writer_serve import main; main()"
 PIPE_BYTES = 1 << 20  # the request pipe's buffer (Linux caps it at /proc/sys/fs/pipe-max-size)

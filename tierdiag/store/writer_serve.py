@@ -13,6 +13,7 @@ import time
 
 from tierdiag import signals
 from tierdiag.store.frames import EOF, loads, portable, read_raw, send_frame
+from tierdiag.store import writer_process
 from tierdiag.store.writer_process import (FIRST_WRITE_S, INBOX_BYTES, VACUUM_EVERY, VACUUM_MOST_WRITES, VACUUM_ROWS,
                                            STRETCH_MOST_S, WRITE_COST_SHARE, WRITE_EVERY_S)
 
@@ -59,6 +60,8 @@ def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None)
     except BaseException as exc:  # noqa: BLE001 - a bug here: raised in the engine's process, as one
         serve.reply(("error", portable(exc)))  # line there (the traceback in a note, for --debug)
         code = 1
+    if serve.writer is not None:
+        serve.writer.remove_spill()  # the spill folder of the writes' memory limit (os._exit closes nothing)
     # Everything is committed and answered: leave without the interpreter's teardown of duckdb,
     # pyarrow and the heap (half a second the engine's process would wait for, reaping this one).
     sys.stderr.flush()
@@ -279,6 +282,8 @@ class _Serve:
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the engine, as raised
             self.reply(("open_failed", portable(exc)))
             return False
+        # DuckDB's memory bounded through the run's writes (lifted for the close: RunWriter.finish).
+        self.writer.hold_memory(writer_process.WRITE_MEMORY_LIMIT)
         self.every_max = arg["write_every_s"]
         # a costly write stretches the interval up to the flush interval, at most STRETCH_MOST_S
         self.most = max(self.every_max, min(float(arg.get("flush_every_s", self.every_max)), STRETCH_MOST_S))
