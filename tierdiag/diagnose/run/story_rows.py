@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import duckdb
 
+# (at the top: the close's evidence threads import nothing, tests/reliability/test_thread_imports.py)
+from tierdiag.diagnose.read.folded import folded_rows_check
+
 # Past this many request rows taken, the parts are let go and the close queries (the evidence's
 # large runs' plan, diagnose/run/evidence.py LARGE_RUN_REQUESTS: ~100 bytes a finished request
 # held through the run otherwise).
@@ -133,7 +136,6 @@ class StoryRows:
         import numpy as np
 
         from tierdiag.diagnose.read.rows import has_miss_columns
-        from tierdiag.diagnose.read.folded import folded_rows_check
         from tierdiag.diagnose.read.run_context import story_requests_of, story_rows_check
         from tierdiag.diagnose.run.context_rows import context_rows
 
