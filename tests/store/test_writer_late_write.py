@@ -186,10 +186,7 @@ def test_the_writer_process_counts_the_trace_it_opens(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text("{}\n" * 37)
     real = W.RunWriter
-    import types
-
-    # A writer that holds nothing (`_Serve.open` asks it to hold DuckDB's memory: writer_process.WRITE_MEMORY_LIMIT).
-    W.RunWriter = lambda **kw: types.SimpleNamespace(hold_memory=lambda limit: False)
+    W.RunWriter = lambda **kw: object()
     try:
         for path, want in ((str(trace), 37), (str(tmp_path / "gone.jsonl"), None), ("-", None)):
             serve = Serve(inbox=None, reply_fd=-1)

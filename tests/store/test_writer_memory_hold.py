@@ -198,8 +198,10 @@ def test_a_limit_below_what_a_write_pins_fails_it_as_a_write_error(tmp_path, mon
     assert _spills(tmp_path / "sys") == []
 
 
-def test_the_writer_process_holds_the_limit_from_the_open(tmp_path, monkeypatch):
-    """`_Serve.open` holds WRITE_MEMORY_LIMIT on the writer's instance; `finish` lifts it."""
+def test_the_writer_process_holds_the_limit_once_a_table_has_a_row_group_and_finish_lifts_it(tmp_path, monkeypatch):
+    """`_Serve.write` holds WRITE_MEMORY_LIMIT on the writer's instance from the first write at
+    which a table of the run has VACUUM_ROWS rows (not before: a small run's writes run as
+    without it); `finish` lifts it."""
     monkeypatch.chdir(tmp_path)
     r, w = os.pipe()
     try:
@@ -210,6 +212,12 @@ def test_the_writer_process_holds_the_limit_from_the_open(tmp_path, monkeypatch)
                     "command_line": ["t"]}
             assert serve.open({"writer": args, "write_every_s": 1.0})
             con = serve.writer._host
+            default = _setting(duckdb.connect(":memory:"), "memory_limit")
+            serve.rows_taken["requests"] = writer_process.VACUUM_ROWS - 1
+            serve.write()
+            assert _setting(con, "memory_limit") == default and serve.writer._spill is None  # short of a row group
+            serve.rows_taken["evictions"] = writer_process.VACUUM_ROWS
+            serve.write()
             limit = writer_process.WRITE_MEMORY_LIMIT
             assert con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0] == f"{limit / 2**20:.1f} MiB"
             folder = serve.writer._spill

@@ -729,10 +729,8 @@ def test_the_writer_process_is_told_the_flush_interval_it_may_stretch_to():
             arg["flush_every_s"] = flush
         import tierdiag.store.writer as W
 
-        import types
-
         real = W.RunWriter
-        W.RunWriter = lambda **kw: types.SimpleNamespace(hold_memory=lambda limit: False)
+        W.RunWriter = lambda **kw: object()
         try:
             assert serve.open(arg)
         finally:

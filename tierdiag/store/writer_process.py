@@ -115,6 +115,10 @@ VACUUM_MOST_WRITES = 8
 # benchmarks/README.md, session 34 h44peak: DuckDB's 327-338 MiB in a run held at 127 MiB). A
 # checkpoint whose pinned memory alone passes the limit fails and invalidates the database:
 # measured on 30k-request writes into a 1M-request store, 100 MB checkpointed, 32 MB failed.
+# Held from the first write at which one of the run's tables has VACUUM_ROWS rows (where writes
+# merge whole row groups); a smaller run's writes run without it: held from the open, the
+# conversation trace's probed replay paid ~0.14 s of wall and ~0.2 s of CPU for no lower peak (its
+# largest table 60k rows; session 34's lead section, 4 of 4 interleaved pairs).
 WRITE_MEMORY_LIMIT = 128 << 20
 BATCH_ROWS = 8_192  # the recorder hands rows over this often with a writer process (inline: 250k)
 CHILD_ENTRY = "from tierdiag.store.writer_serve import main; main()"

@@ -282,8 +282,6 @@ class _Serve:
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the engine, as raised
             self.reply(("open_failed", portable(exc)))
             return False
-        # DuckDB's memory bounded through the run's writes (lifted for the close: RunWriter.finish).
-        self.writer.hold_memory(writer_process.WRITE_MEMORY_LIMIT)
         self.every_max = arg["write_every_s"]
         # a costly write stretches the interval up to the flush interval, at most STRETCH_MOST_S
         self.most = max(self.every_max, min(float(arg.get("flush_every_s", self.every_max)), STRETCH_MOST_S))
@@ -363,8 +361,12 @@ class _Serve:
         self.writes += 1
         self.writes_since_vacuum += 1
         self.taken_at_write = self.taken
-        vacuum = vacuum_due(self.writes_since_vacuum, max(self.rows_since_vacuum.values(), default=0),
-                            max(self.rows_taken.values(), default=0))
+        most = max(self.rows_taken.values(), default=0)
+        vacuum = vacuum_due(self.writes_since_vacuum, max(self.rows_since_vacuum.values(), default=0), most)
+        if most >= VACUUM_ROWS:
+            # A large run: DuckDB's memory bounded from this write on (lifted for the close:
+            # RunWriter.finish; writer_process.WRITE_MEMORY_LIMIT). Held already: nothing done.
+            self.writer.hold_memory(writer_process.WRITE_MEMORY_LIMIT)
         t0 = time.monotonic()
         try:
             self.writer.write(vacuum=vacuum)
