@@ -216,6 +216,9 @@ def test_the_writer_process_holds_the_limit_once_a_table_has_a_row_group_and_fin
             serve.rows_taken["requests"] = writer_process.VACUUM_ROWS - 1
             serve.write()
             assert _setting(con, "memory_limit") == default and serve.writer._spill is None  # short of a row group
+            serve.expected = writer_process.VACUUM_ROWS - 1  # (the trace's lines, counted on a thread)
+            serve.write()
+            assert _setting(con, "memory_limit") == default and serve.writer._spill is None
             serve.rows_taken["evictions"] = writer_process.VACUUM_ROWS
             serve.write()
             limit = writer_process.WRITE_MEMORY_LIMIT
@@ -226,6 +229,28 @@ def test_the_writer_process_holds_the_limit_once_a_table_has_a_row_group_and_fin
             assert _setting(con, "memory_limit") == _setting(duckdb.connect(":memory:"), "memory_limit")
             serve.writer.close()
             assert not Path(folder).exists()
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_the_writer_process_holds_a_large_traces_run_from_its_first_write(tmp_path, monkeypatch):
+    """A trace of VACUUM_ROWS requests or more (`expected`, its lines) is held from the first
+    write, before any table has a row group's rows."""
+    monkeypatch.chdir(tmp_path)
+    r, w = os.pipe()
+    try:
+        with _system_tmp(tmp_path / "sys"):
+            serve = writer_serve._Serve(inbox=None, reply_fd=w)
+            args = {"db_path": str(tmp_path / "p.duckdb"), "name": "p", "trace_path": str(tmp_path / "none.jsonl"),
+                    "trace_sha256": "", "config": {}, "hardware": {}, "data_plane": {}, "timing": "modelled",
+                    "command_line": ["t"]}
+            assert serve.open({"writer": args, "write_every_s": 1.0})
+            serve.expected = writer_process.VACUUM_ROWS
+            serve.write()
+            limit = writer_process.WRITE_MEMORY_LIMIT
+            assert _setting(serve.writer._host, "memory_limit") == f"{limit / 2**20:.1f} MiB"
+            serve.writer.close()
     finally:
         os.close(r)
         os.close(w)

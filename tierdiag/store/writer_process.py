@@ -115,8 +115,9 @@ VACUUM_MOST_WRITES = 8
 # benchmarks/README.md, session 34 h44peak: DuckDB's 327-338 MiB in a run held at 127 MiB). A
 # checkpoint whose pinned memory alone passes the limit fails and invalidates the database:
 # measured on 30k-request writes into a 1M-request store, 100 MB checkpointed, 32 MB failed.
-# Held from the first write at which one of the run's tables has VACUUM_ROWS rows (where writes
-# merge whole row groups); a smaller run's writes run without it: held from the open, the
+# Held from the first write of a trace of VACUUM_ROWS requests or more, or from the first at which
+# one of the run's tables has as many rows (where writes merge whole row groups); a smaller run's
+# writes run without it: held from the open, the
 # conversation trace's probed replay paid ~0.14 s of wall and ~0.2 s of CPU for no lower peak (its
 # largest table 60k rows; session 34's lead section, 4 of 4 interleaved pairs).
 WRITE_MEMORY_LIMIT = 128 << 20

@@ -363,8 +363,10 @@ class _Serve:
         self.taken_at_write = self.taken
         most = max(self.rows_taken.values(), default=0)
         vacuum = vacuum_due(self.writes_since_vacuum, max(self.rows_since_vacuum.values(), default=0), most)
-        if most >= VACUUM_ROWS:
-            # A large run: DuckDB's memory bounded from this write on (lifted for the close:
+        if most >= VACUUM_ROWS or (self.expected or 0) >= VACUUM_ROWS:
+            # A large run (a table with a row group's rows, or a trace of as many requests: held
+            # from its first write, whose cached blocks met the trace's read-ahead's index build
+            # otherwise): DuckDB's memory bounded from this write on (lifted for the close:
             # RunWriter.finish; writer_process.WRITE_MEMORY_LIMIT). Held already: nothing done.
             self.writer.hold_memory(writer_process.WRITE_MEMORY_LIMIT)
         t0 = time.monotonic()
