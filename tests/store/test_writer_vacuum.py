@@ -53,6 +53,9 @@ class _Writer:
         self._pending = True
         return tables
 
+    def hold_memory(self, limit_bytes: int) -> bool:  # (a large run's writes hold DuckDB's memory: nothing to hold here)
+        return False
+
     @property
     def pending(self) -> bool:
         return self._pending
