@@ -198,6 +198,16 @@ def test_a_limit_below_what_a_write_pins_fails_it_as_a_write_error(tmp_path, mon
     assert _spills(tmp_path / "sys") == []
 
 
+def _opened_serve(tmp_path: Path, reply_fd: int) -> writer_serve._Serve:
+    """The writer process's server, its run opened on a store in `tmp_path` (nothing taken yet)."""
+    serve = writer_serve._Serve(inbox=None, reply_fd=reply_fd)
+    args = {"db_path": str(tmp_path / "p.duckdb"), "name": "p", "trace_path": str(tmp_path / "none.jsonl"),
+            "trace_sha256": "", "config": {}, "hardware": {}, "data_plane": {}, "timing": "modelled",
+            "command_line": ["t"]}
+    assert serve.open({"writer": args, "write_every_s": 1.0})
+    return serve
+
+
 def test_the_writer_process_holds_the_limit_once_a_table_has_a_row_group_and_finish_lifts_it(tmp_path, monkeypatch):
     """`_Serve.write` holds WRITE_MEMORY_LIMIT on the writer's instance from the first write at
     which a table of the run has VACUUM_ROWS rows (not before: a small run's writes run as
@@ -206,11 +216,7 @@ def test_the_writer_process_holds_the_limit_once_a_table_has_a_row_group_and_fin
     r, w = os.pipe()
     try:
         with _system_tmp(tmp_path / "sys"):
-            serve = writer_serve._Serve(inbox=None, reply_fd=w)
-            args = {"db_path": str(tmp_path / "p.duckdb"), "name": "p", "trace_path": str(tmp_path / "none.jsonl"),
-                    "trace_sha256": "", "config": {}, "hardware": {}, "data_plane": {}, "timing": "modelled",
-                    "command_line": ["t"]}
-            assert serve.open({"writer": args, "write_every_s": 1.0})
+            serve = _opened_serve(tmp_path, w)
             con = serve.writer._host
             default = _setting(duckdb.connect(":memory:"), "memory_limit")
             serve.rows_taken["requests"] = writer_process.VACUUM_ROWS - 1
@@ -241,11 +247,7 @@ def test_the_writer_process_holds_a_large_traces_run_from_its_first_write(tmp_pa
     r, w = os.pipe()
     try:
         with _system_tmp(tmp_path / "sys"):
-            serve = writer_serve._Serve(inbox=None, reply_fd=w)
-            args = {"db_path": str(tmp_path / "p.duckdb"), "name": "p", "trace_path": str(tmp_path / "none.jsonl"),
-                    "trace_sha256": "", "config": {}, "hardware": {}, "data_plane": {}, "timing": "modelled",
-                    "command_line": ["t"]}
-            assert serve.open({"writer": args, "write_every_s": 1.0})
+            serve = _opened_serve(tmp_path, w)
             serve.expected = writer_process.VACUUM_ROWS
             serve.write()
             limit = writer_process.WRITE_MEMORY_LIMIT
