@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
+from tests.support.folds import batches, empty_store as empty_store_of, replayed, taken
 from tests.support.sql_rows import insert_rows
 from tierdiag.diagnose.read.run_scan import run_scan, scan_of_row
 from tierdiag.diagnose.run import scan_rows as sr
@@ -25,36 +26,15 @@ TABLES = ("requests", "evictions", "request_evictions", "transfers")
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> Path:
     """A real replay on two ranks with load-backs, prefetches and re-routed requests, recorded."""
-    from tests.support.cli import cli_env, completed_in_process as run
-
-    folder = tmp_path_factory.mktemp("scan_rows")
-    trace = folder / "t.jsonl"
-    assert run("synth", trace, "--requests", "300", "--kind", "agent", "--seed", "5").returncode == 0
-    db = folder / "run.duckdb"
-    done = run("replay", trace, "--db", db, "--device-tokens", "32768", "--host-tokens", "65536",
-               "--storage-tokens", "5000000", "--dp", "2", "--router", "cache_aware",
-               env=cli_env(TIERDIAG_WRITER="inline"))
-    assert done.returncode == 0, done.stderr
-    return db
+    return replayed(tmp_path_factory.mktemp("scan_rows"), "--device-tokens", "32768", "--host-tokens", "65536",
+                    "--storage-tokens", "5000000", "--dp", "2", "--router", "cache_aware")
 
 
 def _taken(db: Path) -> tuple[str, dict]:
-    with open_store(db) as con:
-        run_id = resolve_run(con, None).run_id
-        tables = {t: con.sql(f"SELECT * EXCLUDE (run_id) FROM {t} ORDER BY rowid").to_arrow_table() for t in TABLES}
-    return run_id, tables
+    return taken(db, TABLES)
 
 
-def _batches(tables: dict, cuts: list[float]):
-    """The tables cut at the same shares of their rows (`cuts`, in [0, 1]): each batch a share of each."""
-    at = 0.0
-    for cut in sorted(set(cuts)) + [1.0]:
-        batch = {}
-        for t, rows in tables.items():
-            lo, hi = int(rows.num_rows * at), int(rows.num_rows * cut)
-            batch[t] = {c: rows.column(c).slice(lo, hi - lo).combine_chunks() for c in rows.column_names}
-        yield batch
-        at = cut
+_batches = batches
 
 
 def _same(got, want) -> None:
@@ -160,12 +140,7 @@ def _hostile(draw):
 
 @pytest.fixture(scope="module")
 def empty_store():
-    import duckdb
-
-    from tierdiag.store.writer import init_store
-
-    with duckdb.connect(":memory:") as con:
-        init_store(con)
+    with empty_store_of() as con:
         yield con
 
 

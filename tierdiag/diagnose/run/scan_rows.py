@@ -69,9 +69,10 @@ _TRANSFERS = (
 
 def _int_matrix(cols: dict, names: tuple):
     """The int columns `names` of `cols` (Arrow arrays) as one int64 matrix, a row a column, a
-    NULL 0 (store/columns.py `arrow_ints`), and whether each value is not NULL (`arrow_valid`):
-    a plain int64 or int32 array without NULLs read from its buffer (the usual batch: one copy
-    into the matrix), any other through those two."""
+    NULL 0 (store/columns.py `arrow_ints`), whether each value is not NULL (`arrow_valid`) and
+    the largest magnitude among them (the fold's bound): a plain int64 or int32 array without
+    NULLs read from its buffer (the usual batch: one copy into the matrix), any other through
+    those two."""
     import numpy as np
     import pyarrow as pa
 
@@ -91,7 +92,7 @@ def _int_matrix(cols: dict, names: tuple):
         else:
             values[i] = arrow_ints(a, 0)
             valid[i] = arrow_valid(a)
-    return values, valid
+    return values, valid, (int(np.abs(values).max()) if n else 0)
 
 
 def _sum_rows(m, small: bool) -> list:
@@ -216,12 +217,10 @@ class ScanRows:
 
         from tierdiag.store.columns import arrow_is
 
-        values, valid = _int_matrix(cols, _INT_NEED)
-        n = values.shape[1]
-        big = int(np.abs(values).max()) if n else 0
+        values, valid, big = _int_matrix(cols, _INT_NEED)
         if big >= _NP_SAFE:
             return "a value past the fold's exact range"
-        self.requests += n
+        self.requests += values.shape[1]
         v_all = dict(zip(_INT_NEED, values))
         ok_all = dict(zip(_INT_NEED, valid))
         # Over every row: the span's start and end, the arrivals' spread, the ranks named.
@@ -278,11 +277,10 @@ class ScanRows:
 
         from tierdiag.store.columns import arrow_is
 
-        values, valid = _int_matrix(cols, _T_INT)
-        n = values.shape[1]
-        big = int(np.abs(values).max()) if n else 0
+        values, valid, big = _int_matrix(cols, _T_INT)
         if big >= _NP_SAFE:
             return "a transfer's value past the fold's exact range"
+        n = values.shape[1]
         self.transfers += n
         v, ok = dict(zip(_T_INT, values)), dict(zip(_T_INT, valid))
         self.transfer_id_sum += int(v["transfer_id"].sum())  # a NULL 0
