@@ -74,6 +74,16 @@ PARTS = [
     ("tierdiag.diagnose.run.live_curves", "whole_pass", "close.whole_pass", -1),
     ("tierdiag.diagnose.run.live_curves", "release_freed_heap", "trim", -1),
     ("tierdiag.diagnose.run.evidence", "record_run_evidence", "close.evidence", -1),
+    # the folds while recording (story_rows.py's take: the story's, context's, evictions' and the
+    # run's scan's parts of each batch) and the serve loop's open and close (session 35)
+    ("tierdiag.diagnose.run.story_rows", "StoryRows.take", "fold.take", -1),
+    ("tierdiag.diagnose.read.run_context", "taken_story_rows", "fold.story", -1),
+    ("tierdiag.diagnose.run.context_rows", "taken_context_rows", "fold.context", -1),
+    ("tierdiag.diagnose.run.eviction_rows", "EvictionRows.take", "fold.evictions", -1),
+    ("tierdiag.diagnose.run.scan_rows", "ScanRows.take", "fold.scan", -1),
+    ("tierdiag.diagnose.run.evidence", "run_scan", "close.run_scan", -1),  # 0 calls: the fold's scan used
+    ("tierdiag.store.writer_serve", "_Serve.open", "serve.open", -1),
+    ("tierdiag.store.writer_serve", "_Serve.finish", "serve.finish", -1),
 ]
 
 _CPU = r'''

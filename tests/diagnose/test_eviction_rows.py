@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
+from tests.support.folds import batches, empty_store as empty_store_of, replayed, taken
 from tests.support.sql_rows import insert_rows
 from tierdiag.diagnose.read import run_context as read_ctx
 from tierdiag.diagnose.read import totals as read_totals
@@ -28,35 +29,14 @@ TABLES = ("requests", "evictions", "request_evictions")
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> Path:
     """A real replay with host deletes and re-references of what they removed, recorded."""
-    from tests.support.cli import cli_env, completed_in_process as run
-
-    folder = tmp_path_factory.mktemp("eviction_rows")
-    trace = folder / "t.jsonl"
-    assert run("synth", trace, "--requests", "300", "--kind", "agent", "--seed", "5").returncode == 0
-    db = folder / "run.duckdb"
-    done = run("replay", trace, "--db", db, "--device-tokens", "32768", "--host-tokens", "65536",
-               env=cli_env(TIERDIAG_WRITER="inline"))
-    assert done.returncode == 0, done.stderr
-    return db
+    return replayed(tmp_path_factory.mktemp("eviction_rows"), "--device-tokens", "32768", "--host-tokens", "65536")
 
 
 def _taken(db: Path) -> tuple[str, dict]:
-    with open_store(db) as con:
-        run_id = resolve_run(con, None).run_id
-        tables = {t: con.sql(f"SELECT * EXCLUDE (run_id) FROM {t} ORDER BY rowid").to_arrow_table() for t in TABLES}
-    return run_id, tables
+    return taken(db, TABLES)
 
 
-def _batches(tables: dict, cuts: list[float]):
-    """The tables cut at the same shares of their rows (`cuts`, in [0, 1]): each batch a share of each."""
-    at = 0.0
-    for cut in sorted(set(cuts)) + [1.0]:
-        batch = {}
-        for t, rows in tables.items():
-            lo, hi = int(rows.num_rows * at), int(rows.num_rows * cut)
-            batch[t] = {c: rows.column(c).slice(lo, hi - lo).combine_chunks() for c in rows.column_names}
-        yield batch
-        at = cut
+_batches = batches
 
 
 def _multiset(r) -> list:
@@ -190,12 +170,7 @@ def _hostile(draw):
 
 @pytest.fixture(scope="module")
 def empty_store():
-    import duckdb
-
-    from tierdiag.store.writer import init_store
-
-    with duckdb.connect(":memory:") as con:
-        init_store(con)
+    with empty_store_of() as con:
         yield con
 
 

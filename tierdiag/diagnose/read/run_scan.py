@@ -113,6 +113,15 @@ def run_scan(con: duckdb.DuckDBPyConnection, run_id: str, *, miss: bool = False)
                 (SELECT {_FINISHED_SQL}{miss_sql} FROM requests WHERE run_id = $r AND {FINISHED_SQL}),
                 (SELECT {TRANSFER_TOTALS_SQL}, {_TRANSFER_MORE_SQL} FROM transfers WHERE run_id = $r)""",
         {"r": run_id}).fetchall()[0]
+    return scan_of_row(row, with_miss)
+
+
+def scan_of_row(row: tuple, with_miss: bool) -> RunScan:
+    """The RunScan of `row`, the values of `run_scan`'s one statement in its order (with the miss
+    reasons' sums where `with_miss`): also how the scan folded while recording is made
+    (diagnose/run/scan_rows.py), so both are typed alike."""
+    from tierdiag.store.schema import MISS_COLUMNS
+
     at = 0
 
     def take(n: int) -> tuple:

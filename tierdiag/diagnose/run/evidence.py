@@ -148,7 +148,8 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
             rec = batch_recompute_sql(cur)
             # Its per-request rows folded while the run was recorded, where they are the run's
             # (story_rows.py: the close's largest query, issue 41); else queried by run_story.
-            folded, done["context_rows"], done["eviction_rows"] = folded_rows(cur, run.run_id, use=rec is not None)
+            folded, done["context_rows"], done["eviction_rows"], done["scan_rows"] = folded_rows(
+                cur, run.run_id, use=rec is not None)
             rows_done.set()
             done["story"] = run_story(cur, run.run_id, rec, cause_counts=counts, requests=folded,
                                       batches=None if one_thread else lambda: batches(cur, rec))
@@ -200,10 +201,16 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
         # The run-wide sums of the summary, the context, the totals and the miss reasons over the
         # run's requests and transfers (read/run_scan.py): one query, not eleven of ~1-2 ms each
         # (issue 41, session 26), by whichever thread asks first, on its cursor, the others
-        # waiting for it (the same rows: nothing writes meanwhile).
+        # waiting for it (the same rows: nothing writes meanwhile). Below LARGE_RUN_REQUESTS,
+        # folded while recording where it could be, checked with the story's rows (scan_rows.py:
+        # ~13 ms of the close's CPU on the conversation trace; issue 41, session 35): taken from
+        # the story's thread once its check is done (~2-3 ms in), else queried.
         with scan_lock:
             if "scan" not in done:
-                done["scan"] = run_scan(cur, run.run_id, miss=True)
+                if not one_thread:
+                    rows_done.wait()
+                folded = done.get("scan_rows")
+                done["scan"] = folded if folded is not None else run_scan(cur, run.run_id, miss=True)
             return done["scan"]
 
     batch_lock = threading.Lock()

@@ -53,6 +53,11 @@ class StoryRows:
         from tierdiag.diagnose.run.eviction_rows import EvictionRows
 
         self.evictions: EvictionRows | None = EvictionRows()
+        # The run-wide sums' parts of the same batches (scan_rows.py: read/run_scan.py's one
+        # query), checked with the story's; None once given up (the close queries them then).
+        from tierdiag.diagnose.run.scan_rows import ScanRows
+
+        self.scan: ScanRows | None = ScanRows()
 
     def take(self, taken: dict | None) -> None:
         """A batch of rows the writer took (table -> column -> Arrow array); None: no more come."""
@@ -63,6 +68,7 @@ class StoryRows:
             return
         if not requests:
             self._take_evictions(taken)
+            self._take_scan(taken)
             return
         try:
             from tierdiag.diagnose.read.run_context import taken_story_rows
@@ -84,6 +90,20 @@ class StoryRows:
             self._give_up(f"{type(exc).__name__}: {exc}")
             return
         self._take_evictions(taken)
+        self._take_scan(taken)
+
+    def _take_scan(self, taken: dict) -> None:
+        """The run-wide sums' part of a batch; what it cannot project (what it raises, or rows it
+        declines: scan_rows.py) gives up their parts alone: the close queries them."""
+        if self.scan is None:
+            return
+        try:
+            self.scan.take(taken)
+        except Exception:  # noqa: BLE001 - the run's scan then, as without a fold
+            self.scan = None
+            return
+        if self.scan.off is not None:
+            self.scan = None
 
     def _take_evictions(self, taken: dict) -> None:
         """The eviction queries' part of a batch; what it cannot project (what it raises, or
@@ -117,6 +137,7 @@ class StoryRows:
         self.parts = []
         self.context_parts = None
         self.evictions = None
+        self.scan = None
 
     def result(self, con: duckdb.DuckDBPyConnection, run_id: str):
         """The run's StoryRequests from the parts, where they are its committed finished rows
@@ -131,31 +152,44 @@ class StoryRows:
 
     def results_all(self, con: duckdb.DuckDBPyConnection, run_id: str) -> tuple:
         """`results`' two and eviction_rows.EvictionResults (the eviction queries' results),
-        checked with them, in the same statement (all three: read/folded.py
-        `folded_rows_check`); each None where there are none to use (the caller queries)."""
+        checked with them, in the same statement (read/folded.py `folded_rows_check`); each None
+        where there are none to use (the caller queries)."""
+        return self.results_scan(con, run_id)[:3]
+
+    def results_scan(self, con: duckdb.DuckDBPyConnection, run_id: str) -> tuple:
+        """`results_all`'s three and the run's scan (read/run_scan.py RunScan, its miss reasons'
+        sums included) from scan_rows.py's parts, all checked in one statement
+        (read/folded.py `folded_rows_check`); each None where there are none to use (the
+        caller queries)."""
         import numpy as np
 
         from tierdiag.diagnose.read.rows import has_miss_columns
         from tierdiag.diagnose.read.run_context import story_requests_of, story_rows_check
+        from tierdiag.diagnose.read.run_scan import scan_of_row
         from tierdiag.diagnose.run.context_rows import context_rows
 
         if self.off is not None or run_id != self.run_id or not self.parts or not has_miss_columns(con):
-            return None, None, None
+            return None, None, None, None
         evictions, self.evictions = self.evictions, None
-        if evictions is None:
+        scan, self.scan = self.scan, None
+        if evictions is None and scan is None:
             if story_rows_check(con, run_id) != (self.finished, self.seq_sum):
-                return None, None, None
+                return None, None, None, None
         else:
             have = folded_rows_check(con, run_id)
             if have[:2] != (self.finished, self.seq_sum):
-                return None, None, None
-            if have[2:] != evictions.check():
+                return None, None, None, None
+            if evictions is not None and have[2:7] != evictions.check():
                 evictions = None
+            if scan is not None and (have[2], *have[7:]) != scan.check():
+                scan = None
         parts, self.parts = self.parts, []
         more, self.context_parts = self.context_parts, None
         columns = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        row = scan.row() if scan is not None else None
         return (story_requests_of(columns), (context_rows(more) if more else None),
-                evictions.results() if evictions is not None else None)
+                evictions.results() if evictions is not None else None,
+                scan_of_row(row, True) if row is not None else None)
 
 
 _FOLDS: list[StoryRows] = []  # at most one: the run this process is recording
@@ -188,10 +222,11 @@ def story_rows(con: duckdb.DuckDBPyConnection, run_id: str, *, use: bool = True)
 
 def folded_rows(con: duckdb.DuckDBPyConnection, run_id: str, *, use: bool = True) -> tuple:
     """(the story's rows, the run context's: context_rows.ContextRows, the eviction queries':
-    eviction_rows.EvictionResults) of run `run_id` folded while it was recorded, once (the fold is
-    let go either way; `use` False: only that): each None where there are none to use (then
-    queried: read/run_context.py, read/totals.py)."""
+    eviction_rows.EvictionResults, the run's scan: read/run_scan.py RunScan) of run `run_id`
+    folded while it was recorded, once (the fold is let go either way; `use` False: only that):
+    each None where there are none to use (then queried: read/run_context.py, read/totals.py,
+    read/run_scan.py)."""
     if not _FOLDS:
-        return None, None, None
+        return None, None, None, None
     fold = _FOLDS.pop()
-    return fold.results_all(con, run_id) if use else (None, None, None)
+    return fold.results_scan(con, run_id) if use else (None, None, None, None)
