@@ -94,3 +94,36 @@ def test_a_row_refused_leaves_the_rows_whole(module):
     want.append(_add(cols, 1, "host", "demote", "c", None))
     assert len(cols) == 2
     _check(cols.take(), want)
+
+
+@pytest.mark.parametrize("module", MODULES)
+@given(picks=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=60),
+       takes=st.sets(st.integers(0, 60), max_size=4))
+@settings(max_examples=60, deadline=None)
+def test_a_fresh_object_a_row_is_never_taken_for_another(module, picks, takes):
+    """`_code` knows its recent values by id (issue 41, session 35): a value made for its row
+    and let go of by the caller (its only reference the buffer's) is kept alive by the
+    dictionary, so no later value can take its address and be given its code; equal values
+    that are other objects each get their own entry, across takes too."""
+    cols = module.EvictionColumns([], _counter())
+    want: list[tuple] = []
+    fresh = nones = 0
+
+    def took() -> None:
+        hand = cols.take()
+        # every fresh object its own entry; None (one object) once, or again after it left the slots
+        assert fresh + min(nones, 1) <= len(hand["coded"][1]) <= fresh + nones
+        _check(hand, want)
+
+    for i, (t, a) in enumerate(picks):
+        if i in takes:
+            took()
+            want, fresh, nones = [], 0, 0
+        # fresh objects every row: equal strings, never the same object twice
+        tier = "".join(["tier-", str(t)])
+        action = "".join(["act-", str(a)]) if a else None
+        want.append(_add(cols, i, tier, action, None, None))
+        del tier, action
+        fresh += 2 if a else 1
+        nones += 0 if a else 1
+    took()

@@ -78,6 +78,31 @@ def test_text_column_is_the_arrow_string_array_of_the_values_or_none(values):
 
 
 @_needs_c
+@pytest.mark.parametrize("values, taken", [
+    # ASCII read in place (its own UTF-8), beside values encoded by the call, long and empty ones
+    (["abc", "", "\x00x", "z" * 5000, None, "é", "日本", "\U0001F600", "abc"], True),
+    # an ASCII value then one with no UTF-8 form: the list as it is
+    (["abc", "\ud800"], False),
+    # ASCII text in a str subclass: not exactly a str
+    (["abc", _Kind.A], False),
+])
+def test_ascii_text_is_read_in_place_the_rest_encoded(values, taken):
+    """`text_column` reads a compact ASCII str's bytes in place (issue 41, session 35), any other
+    str through its UTF-8: both the values' bytes, in order, as pa.array makes them."""
+    got = cplane.compiled("text_column")(values)
+    if not taken:
+        assert got is None
+        return
+    offsets, data, valid, nulls = got
+    assert bytes(data) == "".join(v for v in values if v is not None).encode("utf-8")
+    array_ = pa.Array.from_buffers(pa.string(), len(values), [None if valid is None else pa.py_buffer(valid),
+                                                              pa.py_buffer(offsets), pa.py_buffer(data)],
+                                   null_count=nulls)
+    array_.validate(full=True)
+    assert array_.equals(pa.array(values, type=pa.string()))
+
+
+@_needs_c
 @pytest.mark.parametrize("bad", [(), ("a",), [1], "abc", None, 3])
 def test_text_column_takes_a_list_only(bad):
     if isinstance(bad, tuple):

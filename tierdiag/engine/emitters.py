@@ -69,10 +69,9 @@ class Emitters:
 # an object (*_OBJECT_COLUMNS: *_CODED ones as codes, the others set as they are), a group of
 # columns as one tuple a row (*_TUPLE_COLUMNS: a request's Route), and constants.
 # The rows a columnar buffer has room for at first (it doubles when full: `Columns._room`); a coded
-# column's last values kept with their codes (`Columns._code`), and what none of them is
+# column's last values kept with their codes (`Columns._code`)
 _FIRST_ROWS: Final = 256
 _RECENT: Final = 4
-_NOTHING: Final = object()
 
 
 class Columns:
@@ -114,8 +113,7 @@ class Columns:
     at: vec[i64]
     counter: vec[i64]
     dictionary: list[object]
-    recent: list[object]
-    recent_codes: vec[i64]
+    recent: vec[i64]
 
     def __init__(self, rows: Any, counter: vec[i64]) -> None:
         self.rows = rows
@@ -126,28 +124,35 @@ class Columns:
         self.width = len(ints) + len(coded)
         self.block = vec[i64]()
         self.at = vec[i64]()
-        self.recent_codes = vec[i64]([0] * (_RECENT * len(coded)))
         self._objects_empty()
         self._codes_empty()
 
     def _codes_empty(self) -> None:
         self.dictionary = []
-        self.recent = [_NOTHING] * (_RECENT * len(self._layout()[4]))
+        # a kept value's id and its code side by side, a slot each (id 0: none; no object is at 0)
+        self.recent = vec[i64]([0] * (2 * _RECENT * len(self._layout()[4])))
 
     def _code(self, at: i64, value: object) -> i64:
-        """`value`'s code in a coded column whose last values are kept from `at` in `recent`: a
-        value met there (by identity) its code, else the next code (the dictionary appended)."""
+        """`value`'s code in a coded column whose last values are kept from slot `at` in `recent`:
+        a value met there (by identity: its id) its code, else the next code (the dictionary
+        appended). The ids are ints in a vec, compared unboxed: compiled, a list of the values
+        was an item read by a C call with its incref and decref a slot compared (~80
+        instructions a call, ~234k calls a conversation replay; issue 41 session 35). An id
+        stands for its value while the value lives: every kept value is in `dictionary`, which
+        `_codes_empty` drops together with the ids."""
         recent = self.recent
-        i: i64 = at
-        while i < at + _RECENT:
-            if recent[i] is value:
-                return self.recent_codes[i]
-            i += 1
+        key: i64 = id(value)
+        i: i64 = 2 * at
+        end: i64 = i + 2 * _RECENT
+        while i < end:
+            if recent[i] == key:
+                return recent[i + 1]
+            i += 2
         code: i64 = len(self.dictionary)
         self.dictionary.append(value)
-        i = at + (code & (_RECENT - 1))  # the slots taken in turn
-        recent[i] = value
-        self.recent_codes[i] = code
+        i = 2 * (at + (code & (_RECENT - 1)))  # the slots taken in turn
+        recent[i] = key
+        recent[i + 1] = code
         return code
 
     def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple, tuple[str, ...]]:

@@ -610,6 +610,21 @@ cp_decode_arrow(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
     return decode_columns(data, end, rows, objects, PyBytes_AS_STRING(args[3]), PyBytes_GET_SIZE(args[3]));
 }
 
+/* A str's UTF-8 (PyUnicode_AsUTF8AndSize): a compact ASCII str is its own UTF-8, read in place
+   without the call (~50 instructions a value, twice a value in text_column: ~160k values a
+   conversation replay; issue 41 session 35); any other str through the call, which caches it. */
+static inline const char *
+text_utf8(PyObject *v, Py_ssize_t *len)
+{
+#ifndef Py_LIMITED_API
+    if (PyUnicode_IS_COMPACT_ASCII(v)) {
+        *len = PyUnicode_GET_LENGTH(v);
+        return (const char *)PyUnicode_DATA(v);
+    }
+#endif
+    return PyUnicode_AsUTF8AndSize(v, len);
+}
+
 PyDoc_STRVAR(text_column_doc,
 "text_column(values) -> (int32 offsets, UTF-8 data, validity, nulls) or None\n\n"
 "A list of str and None as the buffers of an Arrow string array (decode_arrow's 's' layout):\n"
@@ -638,7 +653,7 @@ cp_text_column(PyObject *Py_UNUSED(module), PyObject *values)
             Py_RETURN_NONE;
         }
         Py_ssize_t len;
-        if (PyUnicode_AsUTF8AndSize(v, &len) == NULL) {
+        if (text_utf8(v, &len) == NULL) {
             PyErr_Clear();  /* no UTF-8 form: the list as it is (arrow_column refuses it as before) */
             Py_RETURN_NONE;
         }
@@ -671,7 +686,7 @@ cp_text_column(PyObject *Py_UNUSED(module), PyObject *values)
         PyObject *v = PyList_GET_ITEM(values, i);
         if (v != Py_None) {
             Py_ssize_t len;
-            const char *utf8 = PyUnicode_AsUTF8AndSize(v, &len);  /* cached by the first pass */
+            const char *utf8 = text_utf8(v, &len);  /* cached by the first pass (or ASCII in place) */
             if (utf8 == NULL || at + len > total) {  /* the list changed under us: not possible without the GIL let go */
                 Py_DECREF(offsets);
                 Py_DECREF(data);
