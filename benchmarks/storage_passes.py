@@ -16,7 +16,7 @@ flush); then, where re-queries are armed or storage work is in flight, what the 
 storage half would do: `query` (a query's drain), `reading`, `tails`, `retry:armed`,
 `retry:head`, `retry:due` (a re-query needs that pass), `writes:unstarted`, `writes:act` (a write
 lands and is released), `held` (a held release due), `quiet` (nothing: the run-ahead goes on
-through it, `StoragePrefetch._storage_quiet`, sessions 23 and 35). `:ran` counts the calls that ran steps.
+since session 23, `prefetch.storage_quiet`). `:ran` counts the calls that ran steps.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def cause(s, end: int, limit: int | None) -> str:
     if not (ctrl.storage_writes or s.unallocated or s.query_occupied or s.reading or ctrl.prefetch_tails or retry):
         return "no_storage_work"
     if s.storage_pass_done_ns >= 0:
-        return "stash_mark"  # (`_storage_quiet` stops at a chunk stash's mark)
+        return "stash_mark"  # (storage_quiet stops at a chunk stash's mark)
     if s.unallocated or s.query_occupied:
         return "query"
     if s.reading:
