@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.engine import helpers
@@ -96,54 +96,3 @@ def test_a_pass_that_takes_no_ack_leaves_the_writes_in_flight_as_they_are(tmp_pa
     ctrl.release_storage_writes(10, step=3)  # the first is due now
     assert ctrl.storage_writes == writes[1:] and [n.host_ref for n in nodes] == [0, 1, 1]
 
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(entries=st.lists(ENTRY, max_size=6), owner_pass=st.integers(0, 5), now=st.integers(0, 30),
-       held=st.lists(st.integers(0, 12), max_size=3), gaps=st.lists(st.integers(0, 8), min_size=14, max_size=14))
-# a write ended, its ack due 2 passes on (landed or not); a held release due first; a write not ended yet
-@example(entries=[(3, 0, 5, False)], owner_pass=0, now=10, held=[], gaps=[1] * 14)
-@example(entries=[(4, 0, 5, True)], owner_pass=1, now=10, held=[], gaps=[0] * 14)
-@example(entries=[(6, 0, 5, True)], owner_pass=0, now=10, held=[3], gaps=[1] * 14)
-@example(entries=[(0, 5, 20, False)], owner_pass=0, now=10, held=[], gaps=[4] * 14)
-def test_the_quiet_passes_change_nothing_and_the_pass_after_them_acts(tmp_path_factory, entries, owner_pass, now,
-                                                                      held, gaps):
-    """`StoragePrefetch._storage_quiet` (the decode steps' run-ahead through storage work in
-    flight): each pass it counts as quiet, at any later times before its bound, leaves the
-    writes in flight, the host copies they hold, the tier and the held releases as they were
-    through the pass's start, drain and release (`start_storage_writes`,
-    `release_storage_writes`, `_drain_held_releases`, handed that pass); the pass after them
-    changes something (session 23's h41stor9 test, kept with the method)."""
-    from tierdiag.engine.prefetch import QUIET_UNBOUNDED
-
-    engine, nodes = _setup(tmp_path_factory.mktemp("quiet"), "tier", entries, owner_pass)
-    sched, ctrl = engine.scheduler, engine.ctrl
-    assert sched.retry_interval and sched.storage_acks  # (0.5.23's rules: the path this serves)
-    sched.prefetch_pass = owner_pass
-    ctrl.pass_owner = sched
-    ctrl.at = lambda t, fn, arg: None  # (no event loop here)
-    sched.held_releases = [(due, list(ctrl.host.alloc(1))) for due in held]
-
-    def state() -> tuple:
-        return (_state(engine, nodes), [due for due, _ in sched.held_releases], ctrl.host.free_pages)
-
-    passes, until = sched._storage_quiet(now)
-    assert passes >= 0
-    if entries in ([(3, 0, 5, False)], [(4, 0, 5, True)]) or held == [3]:
-        assert passes == 2  # (the examples above: the third pass acts)
-    t = now
-    for j in range(min(passes, 12) + 1):
-        if t >= until:
-            assert until < QUIET_UNBOUNDED  # a write not ended by `now` bounds the time
-            break
-        step = sched.prefetch_pass + 1
-        before = state()
-        ctrl.start_storage_writes(t, step)
-        ctrl.release_storage_writes(t, step=step)
-        sched._drain_held_releases()
-        if j < passes:
-            assert state() == before, f"pass {j} of {passes} quiet ones changed the storage state"
-        else:
-            assert state() != before, f"the pass after {passes} quiet ones changed nothing"
-        sched.prefetch_pass += 1
-        t += gaps[j]

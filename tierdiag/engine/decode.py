@@ -10,7 +10,7 @@ from heapq import heappop, heappush
 from typing import Any, Callable, Final
 
 from tierdiag.engine.costmodel import CostModel
-from tierdiag.engine.prefetch import QUIET_UNBOUNDED, StoragePrefetch
+from tierdiag.engine.prefetch import StoragePrefetch
 from tierdiag.engine.request import FIRST_PASS_FIELDS, Req
 from tierdiag.engine.schedule_common import (_APPEND_C, CLIP_MAX_NEW_TOKENS, INT64_MAX, MIN_NEW_TOKEN_RATIO,
                                              NEW_TOKEN_RATIO_DECAY, RETRACT_DECODE_STEPS,
@@ -310,12 +310,12 @@ class DecodeSteps(StoragePrefetch):
         running = self.running
         if not running or self.chunked is not None:
             return end
-        waiting = self.waiting
-        if waiting and (not self.batch_is_full or self._admission_reopens or self.unqueried):
+        if self.waiting and (not self.batch_is_full or self._admission_reopens or self.unqueried
+                             or self.prefetch_retry_due):
             # requests wait: the pass forms no prefill batch only while admission stays shut
             # (`batch_is_full`, which only a request leaving the running batch clears: a finish
             # is an event, a retraction a step that does not fit) and the pass's storage half
-            # has nobody's query to run (their re-queries: below)
+            # has nobody's query or re-query to run
             return end
         if limit is not None and end >= limit:
             return end
@@ -335,18 +335,9 @@ class DecodeSteps(StoragePrefetch):
             return end
         if ctrl.backup_queue or ctrl.backup_later:  # the next pass's `schedule_pass` flushes them first
             return end
-        quiet = 0  # the passes whose storage half changes nothing (0: no storage work in flight, no bound)
         if ctrl.storage_writes or self.unallocated or self.query_occupied or self.reading or ctrl.prefetch_tails \
-                or self.held_releases or (waiting and self.prefetch_retry_due):
-            # storage work in flight (storage_acks_per_pass: a held release too, which
-            # `_drain_release` frees at a pass's drain) or re-queries armed: the steps go on only
-            # through the passes whose storage half would change nothing, plain decode steps
-            # still (`_storage_quiet`); the first pass that acts is schedule_pass's
-            quiet, until = self._storage_quiet(end)
-            if quiet <= 0:
-                return end
-            if until < QUIET_UNBOUNDED and (limit is None or until < limit):
-                limit = until  # a write ends before the loop's next event: its pass may land it
+                or self.held_releases:  # (a held release: `_drain_release` frees it at a pass's drain)
+            return end  # a pass's drain has storage work (storage_acks_per_pass): schedule_pass's
         # (read after the tests above: the device pool's count is a property of the data plane's
         # class, a generic attribute read from here, ~350 instructions; most calls that run
         # nothing stop above, issue 41 session 34)
@@ -364,9 +355,6 @@ class DecodeSteps(StoragePrefetch):
         ratio: float = self.new_token_ratio  # (an unboxed float: the declared attribute is Any)
         start = end
         fin_step = fin if fin is not None else -1  # k + 1 >= 1: never met where nobody finishes
-        if quiet > 0 and (fin_step < 0 or k + quiet + 1 < fin_step):
-            # the steps stop after the last quiet pass (as before a finish at the step after it)
-            fin_step = k + quiet + 1
         if _STEPS_C:
             k, end, steps, ratio, _ = decode_steps_c(self._page_ring, self.ps, k, end, limit, fin_step, self._kv_base, n,
                                                      ratio, self.cost, wakes, self._give_step_fn, self.emit.decode_step,

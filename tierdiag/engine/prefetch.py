@@ -7,7 +7,7 @@ A mixin of the Scheduler, whose state (tree, controller, clock) it works on.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 from tierdiag.config.names import PrefetchPolicy
 from tierdiag.engine.records import RequestRecords
@@ -32,9 +32,6 @@ PREFETCH_TIMEOUT_PER_KI_TOKEN_S = 0.25
 def prefetch_timeout_ns(tokens: int) -> int:
     """The `timeout` policy's budget for a prefetch of `tokens`: 1 s + 0.25 s per 1024 tokens."""
     return int((PREFETCH_TIMEOUT_BASE_S + PREFETCH_TIMEOUT_PER_KI_TOKEN_S * tokens / 1024) * 1e9)
-
-
-QUIET_UNBOUNDED: Final = 2**62  # `_storage_quiet`: no pass, no time bounds the quiet passes
 
 
 class StoragePrefetch(RequestRecords):
@@ -166,64 +163,6 @@ class StoragePrefetch(RequestRecords):
             ctrl.free_prefetch_tails(now, step=step)
             self._drain_held_releases()
         self._retry_prefetches(now)  # _process_hicache_events, every pass
-
-    def _storage_quiet(self, now: int) -> tuple[int, int]:
-        """How many of the passes from the next one (at `now`, pass `prefetch_pass + 1`, each one
-        pass more) would find `storage_pass_start` changing nothing, for a scheduler whose next
-        passes can only be plain decode steps with admission shut (DecodeSteps._decode_ahead
-        asks this where storage work is in flight or re-queries are armed). Returns (passes,
-        until): those passes, each at a time before `until` too (0 passes: the next one acts).
-        A pass acts where a write waits for its start (`start_storage_writes` starts it), a
-        write has ended by the pass's time and its ack is due at its pass (it lands and its host
-        copy goes: `release_storage_writes`), a held release is due (`_drain_held_releases`), or
-        a queued request's re-query needs the pass (armed past max_attempts, the queue head's to
-        drop, or its due pass reached: `_retry_prefetches`); and always while a query, read or
-        cut read's tail is in flight (their drain is per pass). A write not ended by `now`
-        bounds the time (its end's wake event is the loop's anyway). Those passes are plain
-        decode steps, the pass count moved as `_retry_prefetches` moves it (only with a
-        re-query interval; without one: 0). SGLang runs `_process_hicache_events` every pass
-        (scheduler.py `_process_storage_prefetch_retries` counts them); a pass counted here
-        runs it with nothing to start, land, drain, free or retry (issue 41: a storage run made
-        2.4x the passes of a plain one, run-aheads stopped by writes in flight or by waiting
-        requests' re-queries not yet due; session 23's h41stor9 first built this, when a
-        run-ahead step was interpreted)."""
-        if not self.retry_interval or self.unallocated or self.query_occupied or self.reading:
-            return 0, 0
-        ctrl = self.ctrl
-        if ctrl.prefetch_tails or self.storage_pass_done_ns >= 0:
-            return 0, 0  # (a chunk's stash ran a pass's storage half early: not this path's)
-        step = self.prefetch_pass + 1
-        last = QUIET_UNBOUNDED  # the last pass that is quiet
-        until = QUIET_UNBOUNDED
-        for w in ctrl.storage_writes:
-            if w.start < 0:
-                return 0, 0
-            if w.end <= now:
-                if w.release_pass <= step:
-                    return 0, 0  # (landed or not: its pass lands it, or takes its ack)
-                if w.release_pass - 1 < last:
-                    last = w.release_pass - 1
-            elif w.end < until:
-                until = w.end
-        for due, _slots in self.held_releases:
-            if due <= step:
-                return 0, 0
-            if due - 1 < last:
-                last = due - 1
-        waiting = self.waiting
-        pending = self.prefetch_retry_due
-        if waiting and pending:
-            if self.retry_armed or waiting[0].seq in pending:
-                return 0, 0
-            at = self.retry_head
-            due_pass = self.retry_due_pass
-            if at < len(due_pass):
-                first: int = due_pass[at]  # the least due pass listed (stale or not)
-                if first <= step:
-                    return 0, 0
-                if first - 1 < last:
-                    last = first - 1
-        return last - step + 1, until
 
     def drain_prefetch_queries(self, now: int) -> None:
         """0.5.23 `_drain_storage_control_queues_impl` -> `_drain_and_alloc_storage_hit`, in the
