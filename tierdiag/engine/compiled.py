@@ -38,14 +38,15 @@ GROUP = "tierdiag.engine._compiled__mypyc"  # mypyc's shared library (setup.py's
 # content are thin wrappers of the C data plane already; routing/ is dict work already in C).
 # A dotted name is a subpackage's module (routing.approx_tree: tierdiag/engine/routing/approx_tree.py):
 # the arrivals (`due`/`next_ns`, ~70k calls on 3,000 requests from the scheduler) and the
-# cache-aware router's approximate tree (issue 41's --dp row, session 18 h41route). The rest of
+# cache-aware router's approximate tree (issue 41's --dp row, session 18 h41route), the Gateway in
+# front of the router (its route, finish and count a request: session 35 h45dp8). The rest of
 # routing/ stays Python: its Router base is subclassed by every policy, and a compiled class
 # cannot have interpreted subclasses.
 # rule_functions: the RuleSet's eviction amount; cached_split: its cached-prefix split (rules.py is
 # interpreted); emitters: the engine's handle on its probe (`self.emit.X` a native read).
 MODULES = ("emitters", "rule_functions", "cached_split", "tree_node", "tree", "schedule_common", "request", "records",
            "miss", "queue_policy", "prefetch", "decode", "admission", "controller", "scheduler", "storage",
-           "deployment", "costmodel", "arrivals", "routing.approx_tree")
+           "deployment", "costmodel", "arrivals", "routing.approx_tree", "routing.gateway")
 
 _STATE: dict = {}
 

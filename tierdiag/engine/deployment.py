@@ -41,7 +41,10 @@ from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.arrivals import ArrivalSource
 from tierdiag.engine.controller import EngineStats
 from tierdiag.engine.request import Req
-from tierdiag.engine.routing import Gateway, RequestView, RouterConfig
+from tierdiag.engine.routing import RequestView, RouterConfig
+# (from its own module: compiled with this one, its calls are native; through the package, which
+# is not compiled, the class was Any to mypyc and each route, finish and count a generic call)
+from tierdiag.engine.routing.gateway import Gateway
 from tierdiag.engine.schedule_common import INIT_NEW_TOKEN_RATIO, EngineError
 from tierdiag.engine.scheduler import Scheduler
 from tierdiag.engine.tree_node import key_run
@@ -515,7 +518,9 @@ class Deployment:
         gateway = self.gateway
         in_flight = gateway.in_flight
         decision = gateway.route(view, now)
-        rank = decision.rank
+        # (an int: the rank's scheduler taken from the typed list and its _arrive called natively;
+        # the decision's field is Any to mypyc, and an Any index made both generic, ~12k a replay)
+        rank: int = decision.rank
         self.in_flight[t.seq] = (rank, view)
         if t.session is not None:
             self.session_rank[t.session] = rank
