@@ -724,9 +724,14 @@ def _lookup_and_row(con, run_id):
     return lookup, row
 
 
-@pytest.mark.parametrize("large", [False, True])
+# "recycled": the first thread done with its sections (the one the lookup is written on) has ended
+# before the last thread starts, which then runs the miss reasons (the context waits for them): a
+# schedule a loaded machine makes (issue 41, session 35: 1 failure in ~220 runs), where the new
+# thread may be given the ended one's `threading.get_ident()` (Python recycles them), so threads
+# are told apart by their Thread objects.
+@pytest.mark.parametrize("large,schedule", [(False, "as it comes"), (True, "as it comes"), (False, "recycled")])
 def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_transaction(replayed, tmp_path,
-                                                                                         monkeypatch, large):
+                                                                                         monkeypatch, large, schedule):
     """The writer's close (`record_run_evidence` with the writer's connection) writes the request
     lookup's rows (a hash and a sort of every request id) on a cursor of its own while the
     sections' threads run, on the first thread to be done with its sections (issue 41: off the
@@ -736,46 +741,62 @@ def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_tra
     nothing left open (the close's checkpoint follows). From LARGE_RUN_REQUESTS (the plan that
     bounds the close's peak) the lookup comes after the sections, as before, in the same way."""
     import threading
+    from contextlib import contextmanager
 
     db = _copy(replayed, tmp_path, "beside.duckdb")
-    order = []
+    order = []  # (what, the Thread that did it): an ident may be a thread's that has ended
     real_curves, real_begin = E.size_curves, E.begin_run_evidence
 
     def curves(con, run):
         out = real_curves(con, run)
-        order.append(("curves", threading.get_ident()))
+        order.append(("curves", threading.current_thread()))
         return out
 
     threads_then = []
+    lookup_on = []  # the Thread the lookup was begun on
+    looked_up = threading.Event()
 
     def begin(con, run_id):
-        order.append(("lookup", threading.get_ident()))
+        order.append(("lookup", threading.current_thread()))
         threads_then.append(con.execute("SELECT current_setting('threads')").fetchone()[0])
-        return real_begin(con, run_id)
+        out = real_begin(con, run_id)
+        lookup_on.append(threading.current_thread())
+        looked_up.set()
+        return out
 
     sections_done = []
     real_miss = E.run_miss_reasons  # the last section of every plan's last thread
     real_pauses, real_story, real_context = E.session_pauses, E.run_story, E.compute_run_context
+    real_ranks = E.rank_summary
+    missed = threading.Event()
 
     def pauses(con, run):
         out = real_pauses(con, run)
-        order.append(("pauses", threading.get_ident()))
+        order.append(("pauses", threading.current_thread()))
         return out
 
     def story(*a, **k):
         out = real_story(*a, **k)
-        order.append(("story", threading.get_ident()))
+        order.append(("story", threading.current_thread()))
         return out
 
     def context(*a, **k):
+        if schedule == "recycled":  # the miss reasons on the last thread, not asked for here first
+            assert missed.wait(60)
         out = real_context(*a, **k)
-        order.append(("context", threading.get_ident()))
+        order.append(("context", threading.current_thread()))
         return out
 
     def miss(con, run_id, **given):  # given: their sums, the run's scan's (read/run_scan.py)
         out = real_miss(con, run_id, **given)
-        sections_done.append(len(order))  # what the caller's thread had done by then
-        order.append(("miss", threading.get_ident()))
+        sections_done.append([what for what, _ in order])  # what had been done by then
+        order.append(("miss", threading.current_thread()))
+        missed.set()
+        return out
+
+    def ranks(con, run):  # the rest's thread's last section: seen done where another made the miss reasons
+        out = real_ranks(con, run)
+        order.append(("ranks", threading.current_thread()))
         return out
 
     monkeypatch.setattr(E, "size_curves", curves)
@@ -784,6 +805,24 @@ def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_tra
     monkeypatch.setattr(E, "session_pauses", pauses)
     monkeypatch.setattr(E, "run_story", story)
     monkeypatch.setattr(E, "compute_run_context", context)
+    monkeypatch.setattr(E, "rank_summary", ranks)
+    if schedule == "recycled":
+        real_cursor, cursors = E.second_cursor, []
+
+        @contextmanager
+        def cursor(con, catalog=None):
+            # the lookup's cursor, then one per thread, each started once its cursor is made: the
+            # last thread's waits for the thread the lookup was written on to have ended
+            cursors.append(con)
+            if len(cursors) == 1 + len(E.SMALL_RUN_THREADS):  # (the caller, blocked here, is not that thread)
+                assert looked_up.wait(60)
+                (ended,) = lookup_on
+                ended.join(60)
+                assert not ended.is_alive()
+            with real_cursor(con, catalog) as cur:
+                yield cur
+
+        monkeypatch.setattr(E, "second_cursor", cursor)
     if large:
         monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
     with duckdb.connect(str(db)) as con:
@@ -792,11 +831,11 @@ def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_tra
         con.execute("DELETE FROM request_lookup")
         had = con.execute("SELECT current_setting('threads')").fetchone()[0]
         assert E.record_run_evidence(db, run_id, con=con) is None
-        caller = threading.get_ident()
+        caller = threading.current_thread()
         assert [what for what, _ in order].count("lookup") == 1
         if large:
             assert [o for o in order if o[0] in ("curves", "lookup")] == [("curves", caller), ("lookup", caller)]
-            assert sections_done[0] <= 1, "the lookup was written beside a large run's sections"
+            assert "lookup" not in sections_done[0], "the lookup was written beside a large run's sections"
             # alone then (the sections done): on the engine's idle core too, then back on one
             assert threads_then == [max(had, min(E.LOOKUP_THREADS, len(os.sched_getaffinity(0))))]
         else:  # on the first thread done with its sections (the caller's once the curves are made, or another)
@@ -806,6 +845,9 @@ def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_tra
             assert mine[-1] == "lookup" and len(mine) >= 2, order  # after that thread's sections
             if thread == caller:
                 assert mine == ["curves", "lookup"]
+            if schedule == "recycled":  # the schedule was the one asked for
+                (last,) = {t for what, t in order if what == "miss"}
+                assert thread is not caller and last is not thread and mine[-1] == "lookup", order
         assert con.execute("SELECT current_setting('threads')").fetchone()[0] == had  # as it was
         con.execute("CHECKPOINT")  # refused while any transaction is open
         beside = _lookup_and_row(con, run_id)
@@ -822,15 +864,17 @@ def test_the_close_writes_the_request_lookup_beside_the_sections_in_the_rows_tra
     assert json.loads(beside[1][0][1]) == json.loads(after[1][0][1])
 
 
-@pytest.mark.parametrize("failure", ["section", "row", "lookup", "threads"])
+@pytest.mark.parametrize("failure", ["section", "row", "lookup", "threads", "start"])
 def test_a_close_that_fails_after_the_lookup_began_stores_neither_and_leaves_nothing_open(
         replayed, tmp_path, monkeypatch, capsys, failure):
     """A section failing while the lookup's transaction is open (the section waits for it here),
-    the evidence's row refused in it, the lookup's own write failing, or (a large run's lookup, on
-    two threads) the instance's threads not given back after it: one warning, no lookup
-    rows and no evidence row (one transaction, rolled back), and the connection free for the
-    close's checkpoint; the run's rows untouched."""
+    the evidence's row refused in it, the lookup's own write failing, (a large run's lookup, on
+    two threads) the instance's threads not given back after it, or the last sections' thread not
+    started (its cursor refused) while the others run, the lookup begun on one: one warning, no
+    lookup rows and no evidence row (one transaction, rolled back), no section's thread left
+    running, and the connection free for the close's checkpoint; the run's rows untouched."""
     import threading
+    from contextlib import contextmanager
 
     db = _copy(replayed, tmp_path, f"fails-{failure}.duckdb")
     began = threading.Event()
@@ -858,6 +902,19 @@ def test_a_close_that_fails_after_the_lookup_began_stores_neither_and_leaves_not
         monkeypatch.setattr(E, "LARGE_RUN_REQUESTS", 1)
         monkeypatch.setattr(E, "alone_threads", lambda con, threads: 1)
         monkeypatch.setattr(E, "restore_threads", refused)
+    elif failure == "start":  # issue 41, session 35: the threads started were left running, unjoined
+        real_cursor, cursors = E.second_cursor, []
+
+        @contextmanager
+        def cursor(con, catalog=None):  # the lookup's, then one per thread: the last one's refused
+            cursors.append(con)
+            if len(cursors) == 1 + len(E.SMALL_RUN_THREADS):
+                assert began.wait(60)
+                raise duckdb.ConnectionException("Connection Error: no cursor for the last thread")
+            with real_cursor(con, catalog) as cur:
+                yield cur
+
+        monkeypatch.setattr(E, "second_cursor", cursor)
     with duckdb.connect(str(db)) as con:
         run_id = resolve_run(con, None).run_id
         con.execute("DELETE FROM run_evidence")
@@ -867,6 +924,7 @@ def test_a_close_that_fails_after_the_lookup_began_stores_neither_and_leaves_not
         assert msg is not None and "recorded in full" in msg
         err = [line for line in capsys.readouterr().err.splitlines() if line]
         assert len(err) == 1 and err[0].startswith("tierdiag: warning: run "), err
+        assert not [t for t in threading.enumerate() if t.name == "tierdiag-evidence"]
         con.execute("CHECKPOINT")  # refused while any transaction is open
         assert _lookup_and_row(con, run_id) == ([], [])
         assert con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchone()[0] == 200

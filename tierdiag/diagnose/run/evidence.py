@@ -298,9 +298,14 @@ def compute_evidence(con: duckdb.DuckDBPyConnection, run, *, computed: dict | No
 
     with ExitStack() as stack:
         catalog = current_catalog(con)
-        threads = [on_a_thread(stack.enter_context(second_cursor(con, catalog)), names) for names in plan]
+        threads: list[threading.Thread] = []
         try:
             try:
+                # Started inside the try: a thread's cursor or start refused leaves those started
+                # joined below, not running on cursors the ExitStack closes under them (the lookup
+                # begun on one of them then, its transaction left open; issue 41, session 35).
+                for names in plan:
+                    threads.append(on_a_thread(stack.enter_context(second_cursor(con, catalog)), names))
                 curves = size_curves(con, run)
             finally:
                 curves_over.set()
