@@ -727,6 +727,90 @@ def test_a_trim_is_due_only_at_a_look_and_once_the_interval_is_past(read, ago):
         assert due
 
 
+def test_the_read_ahead_keeps_of_a_batch_only_what_its_pass_reads_and_that_in_its_own_memory(two_ranks):
+    """What the read-ahead queues for its pass (`_pass_columns`: the batches taken while the trace
+    is read wait until the read is done) is the columns live_curves.rows_of reads, each copied out
+    of the hand-over it was a view into (issue 41: one column kept held the whole frame); rows_of
+    reads no other column, and gives the same arguments from them as from the whole batch."""
+    import pyarrow as pa
+
+    from tierdiag.diagnose.run import live_curves
+
+    trace, db = two_ranks
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        table = con.sql("SELECT * EXCLUDE (run_id) FROM requests WHERE run_id = ? ORDER BY finish_ns NULLS LAST, seq",
+                        params=[run.run_id]).to_arrow_table()
+        ahead = _fed_ahead(con, run)
+    sc._READ_AHEAD.clear()
+    batch = {c: table.column(c).combine_chunks() for c in table.column_names}
+
+    class Seen(dict):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.read = set()
+
+        def get(self, key, default=None):
+            self.read.add(key)
+            return super().get(key, default)
+
+        def __getitem__(self, key):
+            self.read.add(key)
+            return super().__getitem__(key)
+
+    seen = Seen(batch)
+    whole = live_curves.rows_of(ahead.index, seen)
+    assert seen.read <= set(live_curves.ROWS_OF_COLUMNS)
+    kept = sc._pass_columns(batch)
+    assert list(kept) == [c for c in live_curves.ROWS_OF_COLUMNS if c in batch]
+    for name, values in kept.items():
+        assert values.equals(batch[name])
+        assert all(a is None or b is None or a.address != b.address
+                   for a, b in zip(values.buffers(), batch[name].buffers()))
+    for got, want in zip(live_curves.rows_of(ahead.index, kept), whole, strict=True):
+        assert np.array_equal(got, want)
+    # A batch with none of them: its first column, for the count of its rows.
+    odd = {"hit_tokens": pa.array([1, 2, 3]), "model": pa.array(["a", "b", None])}
+    assert list(sc._pass_columns(odd)) == ["hit_tokens"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.one_of(st.none(), st.integers(-2 ** 63, 2 ** 63 - 1)), max_size=40),
+       cut=st.integers(0, 40), chunks=st.integers(1, 3), text=st.booleans())
+def test_a_column_the_read_ahead_keeps_is_a_copy_with_the_same_values(values, cut, chunks, text):
+    """`_own`: an Arrow array (a slice, chunked, with NULLs, text), a numpy view: the same values
+    in buffers of its own, none inside the frame it was a view of (store/frames.py `loads` makes
+    a hand-over's columns over slices of one frame); Python values as they are."""
+    import pyarrow as pa
+
+    typ = pa.string() if text else pa.int64()
+    made = pa.array([None if v is None else (str(v) if text else v) for v in values], type=typ)
+    frame = bytearray(b"\xff" * 64)  # the hand-over's frame: the column's buffers are slices of it
+    frame += b"".join(bytes(b) if b is not None else b"" for b in made.buffers())
+    view = memoryview(frame)
+    at = 64
+    bufs = []
+    for b in made.buffers():
+        if b is None:
+            bufs.append(None)
+            continue
+        bufs.append(pa.py_buffer(view[at:at + b.size]))
+        at += b.size
+    column = pa.Array.from_buffers(typ, len(made), bufs, null_count=made.null_count).slice(min(cut, len(made)))
+    lo = pa.py_buffer(view).address
+    hi = lo + len(frame)
+    for given_ in (column, pa.chunked_array([column] * chunks, type=typ)):
+        own = sc._own(given_)
+        assert type(own) is type(given_) and own.type == typ and own.to_pylist() == given_.to_pylist()
+        for part in (own.chunks if isinstance(own, pa.ChunkedArray) else [own]):
+            assert all(b is None or b.size == 0 or not lo <= b.address < hi for b in part.buffers())
+    ints = np.arange(2 * 10, dtype=np.int64).reshape(2, 10)
+    row = sc._own(ints[1])
+    assert row.base is None and np.array_equal(row, ints[1])
+    listed = [v for v in values]
+    assert sc._own(listed) is listed
+
+
 def test_a_sample_at_another_rate_is_not_used(two_ranks, monkeypatch):
     """The sampled read-ahead's rate is of the trace's touches as if every request finished; a
     run whose finished rows make fewer (here 31 of 80 requests rejected: longer than the device

@@ -1193,7 +1193,7 @@ class _ReadAhead:
             return
         requests = taken.get("requests")
         if requests and self._feeding:
-            self._rows.put(requests)
+            self._rows.put(_pass_columns(requests))
 
     def result(self, path: str, sha: str | None, page: int, block: int) -> "_ReadAhead | None":
         self._rows.put(None)  # every row is committed: the pass walks the rest (if not told already)
@@ -1206,6 +1206,39 @@ class _ReadAhead:
             return self if self._stat(path) == self.stat else None
         except OSError:
             return None
+
+
+def _pass_columns(requests: dict) -> dict:
+    """What the read-ahead keeps of a batch of request rows for its pass (`_ReadAhead.rows`): the
+    columns live_curves.rows_of reads (ROWS_OF_COLUMNS), each a copy of its own. Not the batch:
+    the batches handed over while the trace is still read wait for the pass (it starts once the
+    read is done), and each column the writer took is a view into its hand-over, an int column
+    into the block of all the table's ints, a text column into the frame the engine sent (every
+    table's rows: store/frames.py `loads`), so one column kept held all of them: the writer's
+    early climb at 1M requests, ~250-300 MiB of rows held until the read was done (issue 41).
+    Where the batch has none of those columns, its first (rows_of counts the rows by it)."""
+    from tierdiag.diagnose.run.live_curves import ROWS_OF_COLUMNS
+
+    kept = {name: _own(requests[name]) for name in ROWS_OF_COLUMNS if name in requests}
+    if not kept:
+        name = next(iter(requests))
+        kept[name] = _own(requests[name])
+    return kept
+
+
+def _own(values):
+    """`values` (a column RunWriter.take made) in memory of its own: an Arrow array (chunked or
+    not) or a numpy array copied, anything else (Python values) as it is."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(values, pa.Array):
+        return pa.concat_arrays([values])
+    if isinstance(values, pa.ChunkedArray):
+        return pa.chunked_array([pa.concat_arrays([c]) for c in values.chunks], type=values.type)
+    if isinstance(values, np.ndarray):
+        return values.copy()
+    return values
 
 
 # The live pass hands the writer process's freed heap back (live_curves.release_freed_heap) at
