@@ -676,6 +676,141 @@ def test_any_budget_gives_the_same_curves_read_ahead_or_not(all_finish, monkeypa
     assert not sc._READ_AHEAD
 
 
+@pytest.mark.parametrize("budget", [200, 2 ** 62])
+def test_the_read_ahead_hands_the_freed_heap_back_while_reading_and_before_its_index(all_finish, monkeypatch,
+                                                                                     budget):
+    """The read-ahead hands glibc's freed heap back (live_curves.release_freed_heap) as it reads
+    the trace, at most every TRIM_EVERY_S looked at every _TRIM_LOOK requests, and once more
+    between the read (its parse state freed: ~130 MB at 1M synth requests) and the index's build
+    (issue 41's 1M row: the writer's early peak); sampled or not, the curves are the ones the
+    close makes alone."""
+    from tierdiag.diagnose.run import live_curves
+
+    trace, db = all_finish
+    monkeypatch.setattr(sc, "MAX_TOUCHES", budget)
+    monkeypatch.setattr(sc, "_TRIM_LOOK", 3)
+    monkeypatch.setattr(sc, "TRIM_EVERY_S", 0.0)  # due at every look
+    calls: list[str] = []
+    monkeypatch.setattr(live_curves, "release_freed_heap", lambda: calls.append("trim") or True)
+    index = sc._Pages.index
+    monkeypatch.setattr(sc._Pages, "index", lambda self: calls.append("index") or index(self))
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        alone = sc.compute_size_curves(con, run)
+        n = con.execute("SELECT count(*) FROM requests").fetchone()[0]
+        calls.clear()
+        _fed_ahead(con, run)
+        assert calls.index("index") == n // 3 + 1  # a trim every 3 requests read, then one before the build
+        assert set(calls[:calls.index("index")]) == {"trim"}
+        assert sc.compute_size_curves(con, run) == alone
+    assert not sc._READ_AHEAD
+
+
+@settings(max_examples=200, deadline=None)
+@given(read=st.one_of(st.integers(-2 ** 70, 2 ** 70), st.integers(0, 3 * 4096)),
+       ago=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(-10, 10)))
+def test_a_trim_is_due_only_at_a_look_and_once_the_interval_is_past(read, ago):
+    """`_trim_due`: never between looks (`read` not a multiple of _TRIM_LOOK), never before
+    TRIM_EVERY_S since the last (a last time in the future, or NaN: not due); at a look, due once
+    it is past."""
+    import math
+    import time
+
+    trimmed = time.monotonic() - ago
+    due = sc._trim_due(read, trimmed)
+    assert isinstance(due, bool)
+    if read % sc._TRIM_LOOK:
+        assert not due
+    elif math.isnan(ago) or ago < sc.TRIM_EVERY_S:
+        assert not due
+    elif ago >= sc.TRIM_EVERY_S + 1:
+        assert due
+
+
+def test_the_read_ahead_keeps_of_a_batch_only_what_its_pass_reads_and_that_in_its_own_memory(two_ranks):
+    """What the read-ahead queues for its pass (`_pass_columns`: the batches taken while the trace
+    is read wait until the read is done) is the columns live_curves.rows_of reads, each copied out
+    of the hand-over it was a view into (issue 41: one column kept held the whole frame); rows_of
+    reads no other column, and gives the same arguments from them as from the whole batch."""
+    import pyarrow as pa
+
+    from tierdiag.diagnose.run import live_curves
+
+    trace, db = two_ranks
+    with open_store(db) as con:
+        run = resolve_run(con, None)
+        table = con.sql("SELECT * EXCLUDE (run_id) FROM requests WHERE run_id = ? ORDER BY finish_ns NULLS LAST, seq",
+                        params=[run.run_id]).to_arrow_table()
+        ahead = _fed_ahead(con, run)
+    sc._READ_AHEAD.clear()
+    batch = {c: table.column(c).combine_chunks() for c in table.column_names}
+
+    class Seen(dict):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.read = set()
+
+        def get(self, key, default=None):
+            self.read.add(key)
+            return super().get(key, default)
+
+        def __getitem__(self, key):
+            self.read.add(key)
+            return super().__getitem__(key)
+
+    seen = Seen(batch)
+    whole = live_curves.rows_of(ahead.index, seen)
+    assert seen.read <= set(live_curves.ROWS_OF_COLUMNS)
+    kept = sc._pass_columns(batch)
+    assert list(kept) == [c for c in live_curves.ROWS_OF_COLUMNS if c in batch]
+    for name, values in kept.items():
+        assert values.equals(batch[name])
+        assert all(a is None or b is None or a.address != b.address
+                   for a, b in zip(values.buffers(), batch[name].buffers()))
+    for got, want in zip(live_curves.rows_of(ahead.index, kept), whole, strict=True):
+        assert np.array_equal(got, want)
+    # A batch with none of them: its first column, for the count of its rows.
+    odd = {"hit_tokens": pa.array([1, 2, 3]), "model": pa.array(["a", "b", None])}
+    assert list(sc._pass_columns(odd)) == ["hit_tokens"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(values=st.lists(st.one_of(st.none(), st.integers(-2 ** 63, 2 ** 63 - 1)), max_size=40),
+       cut=st.integers(0, 40), chunks=st.integers(1, 3), text=st.booleans())
+def test_a_column_the_read_ahead_keeps_is_a_copy_with_the_same_values(values, cut, chunks, text):
+    """`_own`: an Arrow array (a slice, chunked, with NULLs, text), a numpy view: the same values
+    in buffers of its own, none inside the frame it was a view of (store/frames.py `loads` makes
+    a hand-over's columns over slices of one frame); Python values as they are."""
+    import pyarrow as pa
+
+    typ = pa.string() if text else pa.int64()
+    made = pa.array([None if v is None else (str(v) if text else v) for v in values], type=typ)
+    frame = bytearray(b"\xff" * 64)  # the hand-over's frame: the column's buffers are slices of it
+    frame += b"".join(bytes(b) if b is not None else b"" for b in made.buffers())
+    view = memoryview(frame)
+    at = 64
+    bufs = []
+    for b in made.buffers():
+        if b is None:
+            bufs.append(None)
+            continue
+        bufs.append(pa.py_buffer(view[at:at + b.size]))
+        at += b.size
+    column = pa.Array.from_buffers(typ, len(made), bufs, null_count=made.null_count).slice(min(cut, len(made)))
+    lo = pa.py_buffer(view).address
+    hi = lo + len(frame)
+    for given_ in (column, pa.chunked_array([column] * chunks, type=typ)):
+        own = sc._own(given_)
+        assert type(own) is type(given_) and own.type == typ and own.to_pylist() == given_.to_pylist()
+        for part in (own.chunks if isinstance(own, pa.ChunkedArray) else [own]):
+            assert all(b is None or b.size == 0 or not lo <= b.address < hi for b in part.buffers())
+    ints = np.arange(2 * 10, dtype=np.int64).reshape(2, 10)
+    row = sc._own(ints[1])
+    assert row.base is None and np.array_equal(row, ints[1])
+    listed = [v for v in values]
+    assert sc._own(listed) is listed
+
+
 def test_a_sample_at_another_rate_is_not_used(two_ranks, monkeypatch):
     """The sampled read-ahead's rate is of the trace's touches as if every request finished; a
     run whose finished rows make fewer (here 31 of 80 requests rejected: longer than the device

@@ -770,6 +770,12 @@ def whole_pass(index: TraceIndex, pos: np.ndarray, cols, page: int, *, all_ranks
     return live.results()
 
 
+# The requests' columns `rows_of` reads (what the read-ahead keeps of each batch handed to it:
+# diagnose/run/size_curves.py `_pass_columns`).
+ROWS_OF_COLUMNS = ("seq", "arrival_ns", "queue_ns", "finish_ns", "first_token_ns", "status", "ttft_ns", "dp_rank",
+                   "input_tokens", "output_tokens")
+
+
 def rows_of(index: TraceIndex, columns: dict):
     """`LivePass.add_rows`' arguments from the requests' columns the store's writer took (Arrow
     arrays by column; a column absent is NULL), as diagnose/read/curves.py `curve_columns` reads

@@ -1068,12 +1068,23 @@ class _ReadAhead:
                 return
             pages = self.pages
             try:
+                import time
+
+                from tierdiag.diagnose.run.live_curves import release_freed_heap
                 from tierdiag.trace.reader import read_trace
 
                 # The requests as read, their keys made a chunk at a time (`_Pages.add_request`):
-                # what `_trace_pages` yields them one at a time for the close.
+                # what `_trace_pages` yields them one at a time for the close. The heap freed
+                # meanwhile (each chunk's requests, the keys a resample drops, the other threads')
+                # handed back at most every TRIM_EVERY_S, looked at once a chunk (`_trim_due`).
+                trimmed = time.monotonic()
+                n = 0
                 for req in read_trace(path, block_size=block, skip_bad=True):
                     pages.add_request(req, block)
+                    n += 1
+                    if _trim_due(n, trimmed):
+                        release_freed_heap()
+                        trimmed = time.monotonic()
             finally:
                 pages.finish()  # the lines before a failure are kept (unsampled: the close reads them)
         except TierdiagError as exc:
@@ -1110,6 +1121,11 @@ class _ReadAhead:
             closed = arrivals == "closed" or (arrivals is None and pages.sessions)
             # The keys handed to the index (what the close reads from here on), none kept twice.
             self.pages = None
+            # The trace's read is done and its parse state freed (the ids seen, their lines, the
+            # hash ids' links: ~130 MB at 1M synth requests): handed back before the index's build,
+            # whose temporaries glibc would otherwise put on top of it (issue 41's 1M row: the
+            # writer's early peak; measured on the read alone, the build's peak 520 -> 421 MiB).
+            live_curves.release_freed_heap()
             index = pages.index()
             index.arrival_ns = live_curves.scaled_arrivals(pages.arrival, scale)
             del pages
@@ -1177,7 +1193,7 @@ class _ReadAhead:
             return
         requests = taken.get("requests")
         if requests and self._feeding:
-            self._rows.put(requests)
+            self._rows.put(_pass_columns(requests))
 
     def result(self, path: str, sha: str | None, page: int, block: int) -> "_ReadAhead | None":
         self._rows.put(None)  # every row is committed: the pass walks the rest (if not told already)
@@ -1192,9 +1208,52 @@ class _ReadAhead:
             return None
 
 
+def _pass_columns(requests: dict) -> dict:
+    """What the read-ahead keeps of a batch of request rows for its pass (`_ReadAhead.rows`): the
+    columns live_curves.rows_of reads (ROWS_OF_COLUMNS), each a copy of its own. Not the batch:
+    the batches handed over while the trace is still read wait for the pass (it starts once the
+    read is done), and each column the writer took is a view into its hand-over, an int column
+    into the block of all the table's ints, a text column into the frame the engine sent (every
+    table's rows: store/frames.py `loads`), so one column kept held all of them: the writer's
+    early climb at 1M requests, ~250-300 MiB of rows held until the read was done (issue 41).
+    Where the batch has none of those columns, its first (rows_of counts the rows by it)."""
+    from tierdiag.diagnose.run.live_curves import ROWS_OF_COLUMNS
+
+    kept = {name: _own(requests[name]) for name in ROWS_OF_COLUMNS if name in requests}
+    if not kept:
+        name = next(iter(requests))
+        kept[name] = _own(requests[name])
+    return kept
+
+
+def _own(values):
+    """`values` (a column RunWriter.take made) in memory of its own: an Arrow array (chunked or
+    not) or a numpy array copied, anything else (Python values) as it is."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(values, pa.Array):
+        return pa.concat_arrays([values])
+    if isinstance(values, pa.ChunkedArray):
+        return pa.chunked_array([pa.concat_arrays([c]) for c in values.chunks], type=values.type)
+    if isinstance(values, np.ndarray):
+        return values.copy()
+    return values
+
+
 # The live pass hands the writer process's freed heap back (live_curves.release_freed_heap) at
 # most this often: each call walks glibc's free lists (~1-10 ms), the rows come every ~0.1-1 s.
 TRIM_EVERY_S = 1.0
+# ... and the trace's read (`_ReadAhead._read`) looks whether one is due every this many requests.
+_TRIM_LOOK = 4096
+
+
+def _trim_due(read: int, trimmed: float) -> bool:
+    """Whether the read-ahead hands the freed heap back now: `read` requests read so far, the
+    last hand-back at `trimmed` (time.monotonic); looked at every _TRIM_LOOK requests."""
+    import time
+
+    return read % _TRIM_LOOK == 0 and time.monotonic() - trimmed >= TRIM_EVERY_S
 
 _READ_AHEAD: list[_ReadAhead] = []  # at most one: the run this process is recording
 
