@@ -447,9 +447,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.only = set(args.only.split(","))
     if args.only - set(ROWS):
         ap.error(f"--only: unknown rows {sorted(args.only - set(ROWS))}; choose from {', '.join(ROWS)}")
+    if args.readers_db is not None and not _a_store(args.readers_db):  # found now, not after the replays
+        ap.error(f"--readers-db: {str(args.readers_db)!r} is not a run store (a DuckDB file `replay --db` wrote)")
     if args.json is not None and not args.json.resolve().parent.is_dir():  # found now, not after the sessions
         ap.error(f"--json: no folder {str(args.json.resolve().parent)!r} to write {args.json.name!r} in")
     return args
+
+
+def _a_store(db: Path) -> bool:
+    """Whether `db` opens read-only as a DuckDB file holding a recorded run (what the readers row
+    reads, `_requests_in`): a missing path, a folder, another file or a store of no run is refused
+    before any row is measured."""
+    import duckdb
+
+    try:
+        if not db.is_file():
+            return False
+        with duckdb.connect(str(db), read_only=True) as con:
+            return con.execute("SELECT count(*) FROM runs").fetchone()[0] > 0
+    except (OSError, ValueError, duckdb.Error):
+        return False
 
 
 def prepare() -> None:

@@ -267,3 +267,32 @@ def test_run_py_refuses_the_same_values_before_it_runs_anything(argv):
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exc:
         run.main(argv)
     assert exc.value.code == 2 and f"argument {argv[0].split('=')[0]}: must be" in err.getvalue()
+
+
+@FAST
+@given(name=st.text(min_size=1, max_size=24).filter(lambda t: "\x00" not in t and "/" not in t))
+def test_readers_db_refuses_a_path_that_is_no_store_in_one_line(tmp_path_factory, name):
+    """--readers-db is checked before any row runs (it raised a traceback after the sweep and the
+    kernels had been measured): a missing path, a folder, a file of text, a DuckDB file without a
+    recorded run: one line, exit 2."""
+    import duckdb
+
+    folder = tmp_path_factory.mktemp("readers")
+    missing = folder / name
+    text = folder / "text.duckdb"
+    text.write_text("not a store\n")
+    empty = folder / "empty.duckdb"
+    with duckdb.connect(str(empty)) as con:
+        con.execute("CREATE TABLE runs (num_requests BIGINT, created_at TIMESTAMP)")
+    for path in (missing, folder, text, empty):
+        _refused(_parse("--readers-db", str(path)), "--readers-db")
+
+
+def test_readers_db_takes_a_store_with_a_run(tmp_path):
+    import duckdb
+
+    db = tmp_path / "run.duckdb"
+    with duckdb.connect(str(db)) as con:
+        con.execute("CREATE TABLE runs (num_requests BIGINT, created_at TIMESTAMP)")
+        con.execute("INSERT INTO runs VALUES (3, now())")
+    assert _parse("--readers-db", str(db)).readers_db == db
