@@ -187,6 +187,25 @@ def _among(a, b):
     return np.isin(a, b, kind="table" if hi - lo <= 4 * (len(a) + len(b)) + 4096 else None)
 
 
+def take_parts(fold: Any, taken: dict, parts: tuple, what: str) -> None:
+    """A fold's `take` of one batch the writer took (table -> column -> Arrow array): each (table,
+    columns needed, part) in order; a table the batch lacks skipped, one without a needed column
+    raises (the caller gives the fold up), a part's reason to decline gives it up (`fold._decline`)
+    and stops. A fold given up (`fold.off`) takes nothing more."""
+    if fold.off is not None:
+        return
+    for table, need, part in parts:
+        cols = taken.get(table)
+        if not cols:
+            continue
+        if any(name not in cols for name in need):
+            raise ValueError(f"{table}: a batch without the columns {what} reads")
+        why = part(cols)
+        if why is not None:
+            fold._decline(why)
+            return
+
+
 class EvictionRows:
     """The eviction queries' parts of the rows of one run, batch by batch (`take`), for its close
     (`results`). `take` raises what it cannot project (the caller, story_rows.py, gives up the
@@ -226,19 +245,8 @@ class EvictionRows:
 
     def take(self, taken: dict) -> None:
         """A batch of rows the writer took (table -> column -> Arrow array)."""
-        if self.off is not None:
-            return
-        for table, need, part in (("requests", REQUEST_NEED, self._requests), ("evictions", EVICTION_NEED, self._evictions),
-                                  ("request_evictions", LINK_NEED, self._links)):
-            cols = taken.get(table)
-            if not cols:
-                continue
-            if any(name not in cols for name in need):
-                raise ValueError(f"{table}: a batch without the columns the eviction fold reads")
-            why = part(cols)
-            if why is not None:
-                self._decline(why)
-                return
+        take_parts(self, taken, (("requests", REQUEST_NEED, self._requests), ("evictions", EVICTION_NEED, self._evictions),
+                                 ("request_evictions", LINK_NEED, self._links)), "the eviction fold")
 
     def _requests(self, cols: dict) -> str | None:
         import numpy as np

@@ -19,6 +19,7 @@ Held equal to the query on a replay's rows and on hostile ones by tests/diagnose
 
 from __future__ import annotations
 
+from tierdiag.diagnose.run.eviction_rows import take_parts
 from tierdiag.store.schema import MISS_COLUMNS
 
 # Below it no expression of the scan over one row (at most three of these added) leaves int64.
@@ -188,19 +189,8 @@ class ScanRows:
 
     def take(self, taken: dict) -> None:
         """A batch of rows the writer took (table -> column -> Arrow array)."""
-        if self.off is not None:
-            return
-        for table, need, part in (("requests", REQUEST_NEED, self._requests),
-                                  ("transfers", TRANSFER_NEED, self._transfers)):
-            cols = taken.get(table)
-            if not cols:
-                continue
-            if any(name not in cols for name in need):
-                raise ValueError(f"{table}: a batch without the columns the scan's fold reads")
-            why = part(cols)
-            if why is not None:
-                self._decline(why)
-                return
+        take_parts(self, taken, (("requests", REQUEST_NEED, self._requests),
+                                 ("transfers", TRANSFER_NEED, self._transfers)), "the scan's fold")
 
     def _least(self, key, values) -> None:
         if len(values):
