@@ -67,8 +67,7 @@ class StoryRows:
         if self.off is not None:
             return
         if not requests:
-            self._take_evictions(taken)
-            self._take_scan(taken)
+            self._take_folds(taken)
             return
         try:
             from tierdiag.diagnose.read.run_context import taken_story_rows
@@ -89,34 +88,14 @@ class StoryRows:
         except Exception as exc:  # noqa: BLE001 - the close queries the store instead, as without a writer process
             self._give_up(f"{type(exc).__name__}: {exc}")
             return
-        self._take_evictions(taken)
-        self._take_scan(taken)
+        self._take_folds(taken)
 
-    def _take_scan(self, taken: dict) -> None:
-        """The run-wide sums' part of a batch; what it cannot project (what it raises, or rows it
-        declines: scan_rows.py) gives up their parts alone: the close queries them."""
-        if self.scan is None:
-            return
-        try:
-            self.scan.take(taken)
-        except Exception:  # noqa: BLE001 - the run's scan then, as without a fold
-            self.scan = None
-            return
-        if self.scan.off is not None:
-            self.scan = None
-
-    def _take_evictions(self, taken: dict) -> None:
-        """The eviction queries' part of a batch; what it cannot project (what it raises, or
-        rows it declines: eviction_rows.py) gives up their parts alone: the close queries them."""
-        if self.evictions is None:
-            return
-        try:
-            self.evictions.take(taken)
-        except Exception:  # noqa: BLE001 - the eviction queries then, as without a fold
-            self.evictions = None
-            return
-        if self.evictions.off is not None:
-            self.evictions = None
+    def _take_folds(self, taken: dict) -> None:
+        """The eviction queries' and the run's scan's parts of a batch (eviction_rows.py,
+        scan_rows.py); a fold that cannot project it (what it raises, or rows it declines) gives
+        up its own parts alone: the close queries them."""
+        self.evictions = _fed(self.evictions, taken)
+        self.scan = _fed(self.scan, taken)
 
     def _take_context(self, requests: dict) -> None:
         """The run context's part of a batch whose story part was taken; what it cannot project
@@ -190,6 +169,18 @@ class StoryRows:
         return (story_requests_of(columns), (context_rows(more) if more else None),
                 evictions.results() if evictions is not None else None,
                 scan_of_row(row, True) if row is not None else None)
+
+
+def _fed(fold, taken: dict):
+    """`fold` (an EvictionRows or a ScanRows) once it took a batch, or None where it is given up:
+    it was already, raised on the batch, or declined its rows (`off`)."""
+    if fold is None:
+        return None
+    try:
+        fold.take(taken)
+    except Exception:  # noqa: BLE001 - its queries then, as without a fold
+        return None
+    return fold if fold.off is None else None
 
 
 _FOLDS: list[StoryRows] = []  # at most one: the run this process is recording
