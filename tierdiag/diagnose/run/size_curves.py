@@ -1082,7 +1082,7 @@ class _ReadAhead:
                 for req in read_trace(path, block_size=block, skip_bad=True):
                     pages.add_request(req, block)
                     n += 1
-                    if _trim_due(n, trimmed):
+                    if n % _TRIM_LOOK == 0 and _trim_due(n, trimmed):  # (the look's test first: no call a request)
                         release_freed_heap()
                         trimmed = time.monotonic()
             finally:
