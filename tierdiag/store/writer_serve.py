@@ -53,7 +53,8 @@ def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None)
     sys.setswitchinterval(0.001)
     inbox = Inbox(INBOX_BYTES)
     threading.Thread(target=_read_requests, args=(0, inbox), name="requests", daemon=True).start()
-    serve = _Serve(inbox, reply_fd, after_commit=after_commit, preload=preload, while_recording=while_recording)
+    serve = _Serve(inbox, reply_fd, after_commit=after_commit, preload=preload, while_recording=while_recording,
+                   opened=_settle)
     code = 0
     try:
         serve.run()
@@ -66,6 +67,17 @@ def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None)
     # pyarrow and the heap (half a second the engine's process would wait for, reaping this one).
     sys.stderr.flush()
     os._exit(code)
+
+
+def _settle() -> None:
+    """Once the store is open and what runs while recording has started: everything the process
+    made so far (its modules, the close's preloads, the store's writer) lives to its exit, so it
+    is left out of every collector pass from now on (`gc.freeze`), and the collector runs again
+    where the entry held it off through its imports (app/writer_child.py)."""
+    import gc
+
+    gc.freeze()
+    gc.enable()
 
 
 def _read_requests(fd: int, inbox) -> None:
@@ -207,8 +219,9 @@ def next_interval(every: float, every_max: float, most: float, took: float) -> f
 
 class _Serve:
     def __init__(self, inbox, reply_fd: int, *, after_commit=None, preload: tuple[str, ...] = (),
-                 while_recording=None):
+                 while_recording=None, opened=None):
         self.inbox = inbox
+        self.opened = opened  # called once the store is open and the preparation started (`main`: _settle)
         self.reply_fd = reply_fd
         self.after_commit = after_commit
         self.preload = preload
@@ -302,6 +315,8 @@ class _Serve:
                 self.on_rows = self.while_recording(dict(arg["writer"]))
             except Exception as exc:  # noqa: BLE001 - said once on stderr; the close computes it all as before
                 self._unprepared(exc)
+        if self.opened is not None:
+            self.opened()
         return True
 
     def _count_trace(self, path) -> None:
