@@ -22,6 +22,66 @@ from tierdiag.store.reader import open_store
 _ENV = {**os.environ, "PYTHONPATH": str(Path(writer_serve.__file__).resolve().parents[2])}
 
 
+def _args(tmp_path, trace_path="/t.jsonl") -> dict:
+    return {"db_path": str(tmp_path / "s.duckdb"), "run_id": "r1", "name": "s", "trace_path": trace_path,
+            "trace_sha256": "", "config": {}, "hardware": {}, "data_plane": {}, "timing": "modeled"}
+
+
+def test_the_allocators_purge_is_asked_on_the_writers_own_instance(tmp_path, monkeypatch):
+    """What starts while recording (size_curves.read_ahead) asks DuckDB to purge for the whole
+    process: on the writer's own connection, no second instance opened; the writes after it
+    commit as before, and the setting holds through them."""
+    import duckdb
+
+    monkeypatch.setattr(duckdb_core, "_PURGING", [])
+    monkeypatch.setattr(duckdb_core, "_LIFELONG", [])
+    order = []
+
+    def while_recording(run):
+        real = duckdb.connect
+        duckdb.connect = lambda *a, **k: pytest.fail("a second DuckDB instance")
+        try:
+            assert duckdb_core.purge_from_now() is True
+        finally:
+            duckdb.connect = real
+        order.append("while_recording")
+
+    r, w = os.pipe()
+    serve = writer_serve._Serve(inbox=None, reply_fd=w, while_recording=while_recording,
+                                opened=lambda: order.append("opened"))
+    assert serve.open({"writer": _args(tmp_path), "write_every_s": 1.0})
+    assert read_frame(r) == ("opened", None)
+    assert order == ["while_recording", "opened"]
+    host = serve.writer.host
+    assert duckdb_core._PURGING == [host]
+    serve.writer.take({"requests": {"req_id": ["a", "b"], "seq": [0, 1], "arrival_ns": [0, 10]}})
+    serve.write()
+    assert not serve.failed and not serve.writer.pending
+    assert host.execute("SELECT current_setting('allocator_background_threads')").fetchone()[0] is True
+    serve.writer.close()
+    with open_store(tmp_path / "s.duckdb") as con:
+        assert con.execute("SELECT count(*) FROM requests").fetchone() == (2,)
+    os.close(r)
+    os.close(w)
+
+
+def test_a_store_that_cannot_be_opened_settles_nothing_and_names_no_connection(tmp_path, monkeypatch):
+    """The open fails (a file that is not a store): one open_failed answer, nothing started,
+    the `opened` hook not called, no connection named for the purge."""
+    monkeypatch.setattr(duckdb_core, "_LIFELONG", [])
+    (tmp_path / "s.duckdb").write_bytes(b"not a database at all" * 100)
+    called = []
+    r, w = os.pipe()
+    serve = writer_serve._Serve(inbox=None, reply_fd=w, while_recording=lambda run: called.append("wr"),
+                                opened=lambda: called.append("opened"))
+    assert not serve.open({"writer": _args(tmp_path), "write_every_s": 1.0})
+    kind, exc = read_frame(r)
+    assert kind == "open_failed" and "not a DuckDB database" in str(exc)
+    assert called == [] and duckdb_core._LIFELONG == []
+    os.close(r)
+    os.close(w)
+
+
 def test_the_settle_freezes_the_start_and_runs_the_collector_again():
     """`_settle` (called once the store is open, in the writer process only: `main`): what the
     start made is out of the collector's passes, and the collector runs again where the entry

@@ -250,6 +250,12 @@ class RunWriter:
             self._host = connect_with_retry(":memory:", read_only=False)
         attach_with_retry(self._host, self.db_path, wait_s=wait_s)
 
+    @property
+    def host(self) -> duckdb.DuckDBPyConnection | None:
+        """The in-memory connection this writer keeps for its life (`_attach`): no file attached to
+        it between writes; None before its first open, or once a failed let-go closed it."""
+        return self._host
+
     def _let_go(self, *, failing: bool = False) -> None:
         """Detach the file. If even that fails (its checkpoint on a full disk), close the whole
         connection, which lets go of the file too, and raise the failure as a close's would

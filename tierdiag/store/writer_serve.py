@@ -295,6 +295,12 @@ class _Serve:
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the engine, as raised
             self.reply(("open_failed", portable(exc)))
             return False
+        # What asks DuckDB's allocator to purge for the whole process (size_curves.read_ahead's
+        # purge_from_now) asks on this writer's instance, open for the process's life, instead of
+        # opening a second one (duckdb_core.purge_on).
+        from tierdiag.store.duckdb_core import purge_on
+
+        purge_on(self.writer.host)
         self.every_max = arg["write_every_s"]
         # a costly write stretches the interval up to the flush interval, at most STRETCH_MOST_S
         self.most = max(self.every_max, min(float(arg.get("flush_every_s", self.every_max)), STRETCH_MOST_S))
