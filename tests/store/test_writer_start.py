@@ -171,3 +171,116 @@ def test_the_writer_entry_holds_the_collector_off_through_its_imports():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=_ENV).stdout.split()
     assert out == ["False", "True", "True", "True"]
+
+
+def _writer_at(db):
+    from tierdiag.store.writer import RunWriter
+
+    return RunWriter(db, name="r", trace_path="t.jsonl", trace_sha256="ab" * 32, config={}, hardware={},
+                     data_plane={}, timing="modeled", command_line=["tierdiag", "replay", "t.jsonl"])
+
+
+def test_a_store_that_exists_is_checked_on_the_writers_own_instance(tmp_path, monkeypatch):
+    """A replay into a store that holds runs checks it (ours, current, every block read back) with
+    the file attached read-only to the writer's own connection: one DuckDB instance opened in all
+    (the check opened one of its own before: ~15 ms of CPU), and the run written beside the
+    earlier one."""
+    import duckdb
+
+    db = tmp_path / "s.duckdb"
+    first = _writer_at(db)
+    first.append({"requests": {"req_id": ["a"], "seq": [0], "arrival_ns": [0]}})
+    first.finish("complete")
+    first.close()
+    opened = []
+    real = duckdb.connect
+    monkeypatch.setattr(duckdb, "connect", lambda *a, **k: opened.append(a[0] if a else k) or real(*a, **k))
+    second = _writer_at(db)
+    assert opened == [":memory:"]
+    second.append({"requests": {"req_id": ["b", "c"], "seq": [0, 1], "arrival_ns": [0, 5]}})
+    second.finish("complete")
+    second.close()
+    monkeypatch.setattr(duckdb, "connect", real)
+    with open_store(db) as con:
+        assert con.execute("SELECT count(*), count(DISTINCT run_id) FROM requests").fetchone() == (3, 2)
+
+
+def _junk(path, store):
+    path.write_text("id,name\n1,a\n")
+
+
+def _foreign(path, store):
+    import duckdb
+
+    with duckdb.connect(str(path)) as con:
+        con.execute("CREATE TABLE measurements (t BIGINT)")
+
+
+def _newer(path, store):
+    import shutil
+
+    import duckdb
+
+    from tierdiag.store.schema import SCHEMA_VERSION
+
+    shutil.copy(store, path)
+    with duckdb.connect(str(path)) as con:
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION + 1)])
+
+
+def _truncated(path, store):
+    import shutil
+
+    shutil.copy(store, path)
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _damaged_block(path, store):
+    import shutil
+
+    shutil.copy(store, path)
+    size = path.stat().st_size
+    with open(path, "r+b") as fh:  # a block past the headers overwritten: its checksum fails when read
+        fh.seek(size - 3 * 262144 if size > 4 * 262144 else size // 2)
+        fh.write(b"\xa5" * 8192)
+
+
+def _a_folder(path, store):
+    path.mkdir()
+
+
+@pytest.mark.parametrize("make", [_junk, _foreign, _newer, _truncated, _damaged_block, _a_folder])
+def test_the_check_on_the_writers_connection_refuses_as_its_own_connection_did(tmp_path, make):
+    """Every file the check refuses is refused the same way attached to the writer's connection
+    as opened on a connection of its own (the same error class, the same line, the same hint),
+    the file unchanged, and the writer's connection left with nothing attached."""
+    import duckdb
+
+    from tierdiag.errors import TierdiagError
+    from tierdiag.store.writer import check_before_writing
+
+    store = tmp_path / "store.duckdb"
+    w = _writer_at(store)
+    w.append({"requests": {"req_id": [f"r{i}" for i in range(3000)], "seq": list(range(3000)),
+                           "arrival_ns": list(range(3000))}})
+    w.finish("complete")
+    w.close()
+    said = []
+    for way in ("owns", "host"):  # folders of one length: a long line is cut at the same place
+        path = tmp_path / way / "s.duckdb"
+        path.parent.mkdir()
+        make(path, store)
+        before = path.read_bytes() if path.is_file() else None
+        host = duckdb.connect(":memory:", config={"threads": 1}) if way == "host" else None
+        with pytest.raises(Exception) as caught:
+            check_before_writing(path, host=host)
+        exc = caught.value
+        said.append((type(exc), str(exc).replace(str(path), "DB"), getattr(exc, "hint", None)))
+        assert isinstance(exc, (TierdiagError, duckdb.Error)), exc
+        if before is not None:
+            assert path.read_bytes() == before
+        if host is not None:
+            assert host.execute("SELECT current_database()").fetchone() == ("memory",)
+            assert host.execute("SELECT count(*) FROM duckdb_databases() WHERE database_name = 'store'").fetchone() == (0,)
+            host.close()
+    assert said[0] == said[1]
