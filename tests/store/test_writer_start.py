@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from tests.support import bad_stores
 from tierdiag.store import duckdb_core, writer_serve
 from tierdiag.store.frames import read_frame
 from tierdiag.store.reader import open_store
@@ -209,32 +210,6 @@ def _junk(path, store):
     path.write_text("id,name\n1,a\n")
 
 
-def _foreign(path, store):
-    import duckdb
-
-    with duckdb.connect(str(path)) as con:
-        con.execute("CREATE TABLE measurements (t BIGINT)")
-
-
-def _newer(path, store):
-    import shutil
-
-    import duckdb
-
-    from tierdiag.store.schema import SCHEMA_VERSION
-
-    shutil.copy(store, path)
-    with duckdb.connect(str(path)) as con:
-        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION + 1)])
-
-
-def _truncated(path, store):
-    import shutil
-
-    shutil.copy(store, path)
-    os.truncate(path, path.stat().st_size // 2)
-
-
 def _damaged_block(path, store):
     import shutil
 
@@ -249,7 +224,8 @@ def _a_folder(path, store):
     path.mkdir()
 
 
-@pytest.mark.parametrize("make", [_junk, _foreign, _newer, _truncated, _damaged_block, _a_folder])
+@pytest.mark.parametrize("make", [_junk, bad_stores.foreign, bad_stores.newer, bad_stores.truncated,
+                                  _damaged_block, _a_folder])
 def test_the_check_on_the_writers_connection_refuses_as_its_own_connection_did(tmp_path, make):
     """Every file the check refuses is refused the same way attached to the writer's connection
     as opened on a connection of its own (the same error class, the same line, the same hint),
