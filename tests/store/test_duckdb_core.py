@@ -235,3 +235,38 @@ def test_the_request_lookup_written_on_two_threads_is_the_one_written_on_one(tmp
         con.close()
     assert len(rows[0]) == 300000 and rows[0] == rows[1]
     assert rows[0] == sorted(rows[0], key=lambda r: (r[0], r[2]))
+
+
+def test_purge_from_now_asks_on_the_named_connection_and_opens_no_instance(monkeypatch):
+    """store/duckdb_core.purge_on (issue 41, session 36: the writer process held a second DuckDB
+    instance, ~15 ms of its CPU and ~8 threads, to set a setting that is the process's): with a
+    connection named, the setting is asked on it and no instance is opened; one named and closed
+    since (a writer whose let-go failed) is passed over for an idle instance of its own, as
+    without one; None names none."""
+    import duckdb
+
+    from tierdiag.store import duckdb_core
+
+    monkeypatch.setattr(duckdb_core, "_PURGING", [])
+    monkeypatch.setattr(duckdb_core, "_LIFELONG", [])
+    host = duckdb.connect(":memory:", config={"threads": 1})
+    want = host.execute("SELECT sum(range), count(DISTINCT range % 7) FROM range(100000)").fetchall()
+    duckdb_core.purge_on(host)
+    real_connect = duckdb.connect
+    with monkeypatch.context() as m:
+        m.setattr(duckdb, "connect", lambda *a, **k: pytest.fail("purge_from_now opened an instance"))
+        assert duckdb_core.purge_from_now() is True
+        assert duckdb_core._PURGING == [host] and duckdb_core.purge_from_now() is True
+    assert host.execute("SELECT current_setting('allocator_background_threads')").fetchone()[0] is True
+    assert host.execute("SELECT sum(range), count(DISTINCT range % 7) FROM range(100000)").fetchall() == want
+
+    gone = real_connect(":memory:", config={"threads": 1})
+    gone.close()
+    monkeypatch.setattr(duckdb_core, "_PURGING", [])
+    duckdb_core.purge_on(gone)
+    assert duckdb_core.purge_from_now() is True
+    (own,) = duckdb_core._PURGING
+    assert own is not gone and own.execute("SELECT current_setting('allocator_background_threads')").fetchone()[0]
+
+    duckdb_core.purge_on(None)
+    assert duckdb_core._LIFELONG == []

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
+import types
 
 import duckdb
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from tests.reliability.harness import ROOMY, SMALL, assert_same_event_rows, cli_env, good_lines, runs, write_trace
+from tests.support import bad_stores
 from tests.support.cli import tierdiag_in_process
 from tierdiag.errors import ConfigError
 from tierdiag.store import writer_process
@@ -163,22 +164,6 @@ def test_the_wall_phases_of_a_replay_without_probes_are_nearly_all_the_engines(t
     assert off["wall_phases"]["close_s"] < off["wall_phases"]["engine_s"]
 
 
-def _foreign(path):
-    with duckdb.connect(str(path)) as con:
-        con.execute("CREATE TABLE measurements (t BIGINT)")
-
-
-def _newer(path, store):
-    shutil.copy(store, path)
-    with duckdb.connect(str(path)) as con:
-        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [str(SCHEMA_VERSION + 1)])
-
-
-def _truncated(path, store):
-    shutil.copy(store, path)
-    os.truncate(path, path.stat().st_size // 2)
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     db = tmp_path_factory.mktemp("store") / "s.duckdb"
@@ -194,9 +179,9 @@ def test_a_store_that_is_not_ours_is_the_same_one_line_error_both_ways(tmp_path,
     (tmp_path / "afile").write_text("x")
     cases = {
         "junk": (lambda p: p.write_text("id,name\n1,a\n"), 4, "not a DuckDB database"),
-        "foreign": (_foreign, 4, "not a tierdiag run store"),
-        "newer": (lambda p: _newer(p, store), 4, f"schema v{SCHEMA_VERSION + 1}"),
-        "damaged": (lambda p: _truncated(p, store), 4, "damaged"),
+        "foreign": (bad_stores.foreign, 4, "not a tierdiag run store"),
+        "newer": (lambda p: bad_stores.newer(p, store), 4, f"schema v{SCHEMA_VERSION + 1}"),
+        "damaged": (lambda p: bad_stores.truncated(p, store), 4, "damaged"),
     }
     for name, (make, code, fragment) in cases.items():
         lines = []
@@ -730,7 +715,7 @@ def test_the_writer_process_is_told_the_flush_interval_it_may_stretch_to():
         import tierdiag.store.writer as W
 
         real = W.RunWriter
-        W.RunWriter = lambda **kw: object()
+        W.RunWriter = lambda **kw: types.SimpleNamespace(host=None)  # the open names its host to duckdb_core.purge_on
         try:
             assert serve.open(arg)
         finally:

@@ -8,6 +8,13 @@ ENTRY = "from tierdiag.app.writer_child import main; main()"
 
 
 def main() -> None:
+    # No collector pass until the store is open (store/writer_serve.py `main` settles it then):
+    # what the start makes (duckdb, pyarrow, numpy and the close's modules, ~45k objects) lives to
+    # the process's exit, and ~90 passes walked it as it came, ~12 ms of the writer's CPU before
+    # its first take (issue 41, session 36).
+    import gc
+
+    gc.disable()
     # The methods `dataclasses` and namedtuple compile from text for each class the writer's
     # modules make (the close's evidence, the store's writer, the read-ahead: ~530 and ~70), read
     # compiled from the writer's own table (tierdiag/dataclass_code.py) instead of compiled at

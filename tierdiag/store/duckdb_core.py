@@ -122,19 +122,36 @@ def purge_freed_memory(con) -> bool:
     return True
 
 
-_PURGING: list = []  # `purge_from_now`'s idle instance, held for the process's life
+_PURGING: list = []  # the connection `purge_from_now` set it on, held for the process's life
+_LIFELONG: list = []  # `purge_on`'s connection, where one was named
+
+
+def purge_on(con) -> None:
+    """Name the connection `purge_from_now` asks on instead of opening an instance of its own: one
+    whose instance stays open for the process's life, with no query of it running on another
+    thread when `purge_from_now` is called (the writer process's own: store/writer_serve.py, its
+    RunWriter's, which holds no file between writes). The setting is the process's, whichever
+    instance asks: an idle instance of its own was a second DuckDB instance in the writer, ~15 ms
+    of its CPU (~95 M instructions: its catalog and static extensions) and ~8 threads, to set it
+    (issue 41, session 36). Nothing is set here; None names none."""
+    _LIFELONG[:] = [] if con is None else [con]
 
 
 def purge_from_now() -> bool:
     """`purge_freed_memory` for this whole process from now on, before any connection of ours is
     at hand (the writer process, once recording starts: its writes' inserts and checkpoints left
     +50-190 MB resident each until the close): DuckDB's allocator is the process's, and it purges
-    on its threads while an instance that asked for them is open, so a small idle in-memory
-    instance (one thread) is opened, set, and kept. True where it is set."""
+    on its threads while an instance that asked for them is open (DuckDB 2.0.1 stops them as any
+    instance is closed), so it is asked on the connection `purge_on` named, else a small idle
+    in-memory instance (one thread) is opened, set, and kept. True where it is set."""
     if _PURGING:
         return True
     import duckdb
 
+    for con in _LIFELONG:
+        if purge_freed_memory(con):  # a closed one refuses: an instance of its own then
+            _PURGING.append(con)
+            return True
     try:
         con = duckdb.connect(":memory:", config={"threads": 1})
     except duckdb.Error:

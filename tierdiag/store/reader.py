@@ -81,22 +81,26 @@ ATTACHED = "store"  # the catalog name of a file attached by `attach_with_retry`
 
 
 def attach_with_retry(host: duckdb.DuckDBPyConnection, path: str | os.PathLike, *,
-                      wait_s: float = _BUSY_RETRY_S) -> None:
-    """Attach the file for writing to `host` (an in-memory connection, made by
-    `connect_with_retry(":memory:", ...)`) as the default catalog, waiting while another process
-    holds it; `detach` lets go of it. A writer that opens the file every flush pays ~1 ms for
-    this where a connection costs ~25 ms to open (DuckDB starts a database instance: measured
-    on 2.0.1, even for :memory:), and DETACH checkpoints as a close does."""
+                      wait_s: float = _BUSY_RETRY_S, read_only: bool = False) -> None:
+    """Attach the file for writing (or, `read_only`, for reading: `detach(checkpoint=False)`) to
+    `host` (an in-memory connection, made by `connect_with_retry(":memory:", ...)`) as the
+    default catalog, waiting while another process holds it; `detach` lets go of it. A writer
+    that opens the file every flush pays ~1 ms for this where a connection costs ~25 ms to open
+    (DuckDB starts a database instance: measured on 2.0.1, even for :memory:), and DETACH
+    checkpoints as a close does."""
     quoted = str(path).replace("'", "''")  # a literal: ATTACH takes no parameters
-    _retry_while_locked(lambda: host.execute(f"ATTACH '{quoted}' AS {ATTACHED}"), wait_s)
+    mode = " (READ_ONLY)" if read_only else ""
+    _retry_while_locked(lambda: host.execute(f"ATTACH '{quoted}' AS {ATTACHED}{mode}"), wait_s)
     host.execute(f"USE {ATTACHED}")
 
 
-def detach(host: duckdb.DuckDBPyConnection) -> None:
+def detach(host: duckdb.DuckDBPyConnection, *, checkpoint: bool = True) -> None:
     """Checkpoint and let go of the file `attach_with_retry` attached (readers may open it then).
     The checkpoint is asked for first: one that fails inside DETACH says only that it failed,
-    where CHECKPOINT says why (no space left on the disk)."""
-    host.execute("CHECKPOINT")
+    where CHECKPOINT says why (no space left on the disk). `checkpoint` False: a file attached
+    read-only, let go of as it is."""
+    if checkpoint:
+        host.execute("CHECKPOINT")
     host.execute("USE memory")
     host.execute(f"DETACH {ATTACHED}")
 

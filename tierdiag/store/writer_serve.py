@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 from tierdiag import signals
@@ -44,7 +45,6 @@ def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None)
     reply_fd = os.dup(1)
     os.dup2(2, 1)  # a stray print must not corrupt the replies
     import gc
-    import threading
 
     # Many short-lived objects (the unpickled columns), few long-lived ones: as in the replay.
     gc.set_threshold(50_000, 20, 100)
@@ -53,7 +53,8 @@ def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None)
     sys.setswitchinterval(0.001)
     inbox = Inbox(INBOX_BYTES)
     threading.Thread(target=_read_requests, args=(0, inbox), name="requests", daemon=True).start()
-    serve = _Serve(inbox, reply_fd, after_commit=after_commit, preload=preload, while_recording=while_recording)
+    serve = _Serve(inbox, reply_fd, after_commit=after_commit, preload=preload, while_recording=while_recording,
+                   opened=_settle)
     code = 0
     try:
         serve.run()
@@ -66,6 +67,17 @@ def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None)
     # pyarrow and the heap (half a second the engine's process would wait for, reaping this one).
     sys.stderr.flush()
     os._exit(code)
+
+
+def _settle() -> None:
+    """Once the store is open and what runs while recording has started: everything the process
+    made so far (its modules, the close's preloads, the store's writer) lives to its exit, so it
+    is left out of every collector pass from now on (`gc.freeze`), and the collector runs again
+    where the entry held it off through its imports (app/writer_child.py)."""
+    import gc
+
+    gc.freeze()
+    gc.enable()
 
 
 def _read_requests(fd: int, inbox) -> None:
@@ -83,20 +95,58 @@ def trace_lines(path: str | None) -> int | None:
     """The lines of the trace file at `path` (its requests, near enough: a blank line or one the
     reader skips counts too; the last line counts without its newline); None where `path` is not
     a regular file that can be read (a pipe the engine read: no late writes). ~1.5 ms on the
-    conversation trace, ~0.13 s for 1M synth requests (250 MB, in the page cache)."""
+    conversation trace, ~0.13 s for 1M synth requests (250 MB, in the page cache). The same
+    file's count the writer process is making (`_Serve._count_trace`) is waited for and taken,
+    not made again (diagnose/run/story_rows.py's `start` asks it a moment after: issue 41)."""
+    for shared in list(_SHARED):
+        if path and shared.path == path:
+            shared.done.wait()
+            if shared.identity is not None and shared.identity == _identity(path):
+                return shared.lines
+    return _count_lines(path)[1]
+
+
+class _SharedCount:
+    """A count of a trace's lines the writer process makes once (`_Serve._count_trace`, on a
+    thread): what `trace_lines` hands whoever else asks that file's, once `done`; `identity` is
+    the file's as counted (None: not one it could count)."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.done = threading.Event()
+        self.identity: tuple | None = None
+        self.lines: int | None = None
+
+
+_SHARED: list[_SharedCount] = []  # at most one: the run's trace, in the writer process
+
+
+def _identity(path: str) -> tuple | None:
+    """A file as a count knows it: a changed or another file counts anew."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _count_lines(path: str | None) -> tuple[tuple | None, int | None]:
+    """(the file's identity, its lines) as `trace_lines` says them; (None, None) where it cannot
+    count them."""
     import stat
 
     if not path:
-        return None
+        return None, None
     try:
         # Non-blocking: a named pipe's open would wait for a writer (the engine read it already).
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except (OSError, ValueError):
-        return None
+        return None, None
     try:
         with open(fd, "rb", closefd=True) as fh:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None, None
             buf = bytearray(1 << 20)
             lines = 0
             last = 10  # an empty file: no line
@@ -107,8 +157,8 @@ def trace_lines(path: str | None) -> int | None:
                 lines += buf.count(b"\n", 0, n)
                 last = buf[n - 1]
     except (OSError, ValueError):
-        return None
-    return lines + (last != 10)
+        return None, None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), lines + (last != 10)
 
 
 def late_write_due(taken: int, expected: int | None, taken_at_write: int) -> bool:
@@ -207,8 +257,9 @@ def next_interval(every: float, every_max: float, most: float, took: float) -> f
 
 class _Serve:
     def __init__(self, inbox, reply_fd: int, *, after_commit=None, preload: tuple[str, ...] = (),
-                 while_recording=None):
+                 while_recording=None, opened=None):
         self.inbox = inbox
+        self.opened = opened  # called once the store is open and the preparation started (`main`: _settle)
         self.reply_fd = reply_fd
         self.after_commit = after_commit
         self.preload = preload
@@ -282,6 +333,12 @@ class _Serve:
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the engine, as raised
             self.reply(("open_failed", portable(exc)))
             return False
+        # What asks DuckDB's allocator to purge for the whole process (size_curves.read_ahead's
+        # purge_from_now) asks on this writer's instance, open for the process's life, instead of
+        # opening a second one (duckdb_core.purge_on).
+        from tierdiag.store.duckdb_core import purge_on
+
+        purge_on(self.writer.host)
         self.every_max = arg["write_every_s"]
         # a costly write stretches the interval up to the flush interval, at most STRETCH_MOST_S
         self.most = max(self.every_max, min(float(arg.get("flush_every_s", self.every_max)), STRETCH_MOST_S))
@@ -302,16 +359,23 @@ class _Serve:
                 self.on_rows = self.while_recording(dict(arg["writer"]))
             except Exception as exc:  # noqa: BLE001 - said once on stderr; the close computes it all as before
                 self._unprepared(exc)
+        if self.opened is not None:
+            self.opened()
         return True
 
     def _count_trace(self, path) -> None:
         """`expected`, the trace's lines, counted on a thread of its own (the trace is in the
         page cache: the engine has just read its first lines; a million requests' take ~0.13 s
         of CPU), so that the late writes know how far the run is."""
-        import threading
+        shared = _SharedCount(path)
+        _SHARED[:] = [shared]  # what else asks this file's lines meanwhile waits for this count
 
         def count() -> None:
-            self.expected = trace_lines(path)
+            try:
+                shared.identity, shared.lines = _count_lines(path)
+            finally:
+                shared.done.set()
+            self.expected = shared.lines
 
         threading.Thread(target=count, name="tierdiag-trace-lines", daemon=True).start()
 
