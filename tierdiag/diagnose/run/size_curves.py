@@ -455,6 +455,11 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
             if kept is not None:
                 kept.add(k)
             matched += 1
+            if i == n - 1:
+                # Every row is matched: no later line is one of the run's (lines and rows ascend
+                # together). An interrupted run's rows end part-way through the trace: the rest is
+                # not read (a 1M-request run stopped half-way: ~half the read of its close).
+                break
     except TierdiagError as exc:
         raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     if ahead is not None and ahead.error is not None:
@@ -462,7 +467,16 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     if matched != n:
         raise CurvesUnavailable(f"trace file {path} has {matched} of the run's {n} finished requests")
     live = ahead.live if index is not None else None
+    read_here = ahead is None  # the trace read again by this close (nothing read ahead it could use)
     del seqs, wanted, lines, ahead
+    if read_here and n >= TRIM_FROM_ROWS:
+        # The read's parse state (read_trace's ids, their set and lines, the hash ids' links: ~140
+        # MiB at 1M requests) is freed: handed back before the pass's arrays are made beside what
+        # the read kept (an interrupted large run's close, whose sample is not the read-ahead's:
+        # its peak -28 to -39 MB at 1M; issue 41).
+        from tierdiag.diagnose.run.live_curves import release_freed_heap
+
+        release_freed_heap()
     cols = cols._replace(req_id=None)  # matched: the ids' hashes let go before the pass
     ranks = np.unique(cols.rank).tolist()
     tallied = None  # (distinct depths, counts) of a pass of one rank tallied while walked
