@@ -1429,7 +1429,9 @@ def _touches(cols: CurveColumns, flat, lens, marks, page: int, keep):
         kept = keep(fresh)
         outs = np.bincount(np.repeat(np.arange(events, dtype=np.int64), outs)[kept], minlength=events).astype(np.int64)
         fresh = fresh[kept]
+        del kept
         before = np.cumsum(outs) - outs
+    del outp
     source = np.concatenate([flat, fresh])
     marks = np.concatenate([marks, np.zeros(len(fresh), dtype=bool)])
     del flat, fresh
@@ -1440,6 +1442,11 @@ def _touches(cols: CurveColumns, flat, lens, marks, page: int, keep):
     run_to = np.cumsum(run_len) - run_len
     count = outs + lens[req]
     touches = int(count.sum())
+    event_rank = rank[req]
+    # The per-event columns the runs were made of, let go before the touches' arrays (the pass's
+    # largest: ~180 MB at the budget's 20M touches) are made beside the runs (issue 41: a close
+    # that walks the whole sampled pass itself, an interrupted 1M-request run's).
+    del req, is_sched, outs, before, off
     tk = np.empty(touches, dtype=np.int64)
     tq = np.empty(touches, dtype=bool)
     r0, ends = 0, run_to + run_len
@@ -1453,7 +1460,7 @@ def _touches(cols: CurveColumns, flat, lens, marks, page: int, keep):
         tk[lo:hi] = source[at]
         np.logical_and(marks[at], np.repeat(run_looks[r0:r1], ln), out=tq[lo:hi])
         r0 = r1
-    return tk, tq, count, rank[req]
+    return tk, tq, count, event_rank
 
 
 def _pass_depths(tk, tq, per_event, event_rank):
