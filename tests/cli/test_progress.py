@@ -113,14 +113,50 @@ def test_every_s_takes_seconds_or_refuses(raw):
 
 @settings(max_examples=60, deadline=None)
 @given(done=st.integers(0, 10**9), extra=st.one_of(st.none(), st.integers(0, 10**9)),
-       elapsed=st.floats(0, 10**6), what=st.sampled_from(["replay", "convert: reading", "sweep"]))
-def test_progress_line_names_what_done_total_elapsed(done, extra, elapsed, what):
+       elapsed=st.floats(0, 10**6), what=st.sampled_from(["replay", "convert: reading", "sweep"]),
+       stopping=st.booleans())
+def test_progress_line_names_what_done_total_elapsed(done, extra, elapsed, what, stopping):
     total = None if extra is None else done + extra
-    line = prog.progress_line(what, done, total, "requests", elapsed)
+    line = prog.progress_line(what, done, total, "requests", elapsed, stopping=stopping)
     m = LINE.match(line)
     assert m and m["what"] == what and int(m["done"].replace(",", "")) == done
     assert (m["total"] is None) == (total is None)
     assert "\n" not in line
+    # Once interrupted, the count no longer moves: no time left is estimated from it, and the
+    # line says the command is closing instead.
+    assert ("interrupted: closing" in line) == stopping
+    assert not (stopping and " left" in line)
+
+
+def test_the_piped_lines_after_an_interrupt_say_the_command_is_closing(monkeypatch):
+    """A replay interrupted half-way closes its run (a 1M-request one for ~30 s): the ticker's
+    lines from the signal on say so, not "about ... left" growing with each line (tierdiag/signals.py
+    `received`, read by the ticker)."""
+    import io
+    import signal
+    import time
+
+    from tierdiag import signals
+
+    err = io.StringIO()
+    monkeypatch.setattr(prog.sys, "stderr", err)
+    monkeypatch.setattr(prog, "every_s", lambda: 0.001)
+    monkeypatch.setattr(prog, "stderr_is_terminal", lambda: False)
+    bar = prog.Progress("replay", 1000, "requests", show_bar=False)
+    with bar:
+        bar.update(400)
+        deadline = time.monotonic() + 30
+        while "about" not in err.getvalue():  # a line with its estimate, before the signal
+            assert time.monotonic() < deadline, err.getvalue()
+            time.sleep(0.001)
+        monkeypatch.setattr(signals, "received", lambda: signal.SIGTERM)
+        at = len(err.getvalue().splitlines())
+        while len(err.getvalue().splitlines()) < at + 3:
+            assert time.monotonic() < deadline, err.getvalue()
+            time.sleep(0.001)
+    after = err.getvalue().splitlines()[at + 1:]  # the line being written as the signal came may be either
+    assert after and all(ln.startswith("tierdiag: replay: 400/1,000 requests") and ln.endswith(
+        "elapsed, interrupted: closing what was recorded") for ln in after), after
 
 
 def test_the_bar_fits_80_columns_with_done_total_and_eta(tmp_path):

@@ -1282,7 +1282,9 @@ def test_the_sampler_reads_int64_keys_in_place_as_it_hashed_their_copy(keys, rat
 def test_the_close_hands_its_freed_heap_back_only_for_a_large_run(two_ranks, monkeypatch):
     """compute_size_curves trims the heap its pass freed (live_curves.release_freed_heap) from
     TRIM_FROM_ROWS finished rows on, where the sections after it compute on top; a smaller run's
-    curves skip it (issue 41: ~2 ms of the close's longest thread). The curves are the same."""
+    curves skip it (issue 41: ~2 ms of the close's longest thread). A close that reads the trace
+    itself (none read ahead, as here) trims the read's parse state too, before its pass. The
+    curves are the same."""
     from tierdiag.diagnose.run import live_curves as lc
 
     trace, db = two_ranks
@@ -1295,6 +1297,93 @@ def test_the_close_hands_its_freed_heap_back_only_for_a_large_run(two_ranks, mon
         assert calls == []
         monkeypatch.setattr(sc, "TRIM_FROM_ROWS", 1)
         assert sc.compute_size_curves(con, run) == small
-        assert calls == [1]
+        assert calls == [1, 1]  # after the read, after the pass
         monkeypatch.setattr(sc, "TRIM_FROM_ROWS", 0)  # a run of no finished row: trimmed too, nothing else
-        assert sc.compute_size_curves(con, run) == small and calls == [1, 1]
+        assert sc.compute_size_curves(con, run) == small and calls == [1, 1, 1, 1]
+
+
+def _interrupted_copy(db: Path, folder: Path, kept: int, trace: Path | None = None) -> Path:
+    """A copy of `db` whose run keeps the request rows of its first `kept` seqs only, as a run
+    interrupted part-way through its trace (every request of `all_finish` finished, so they are
+    the rows of seqs 0 .. kept - 1); `trace`: the trace its run names instead (digest unknown)."""
+    import shutil
+
+    import duckdb
+
+    copy = folder / f"cut{kept}-{0 if trace is None else 1}.duckdb"
+    shutil.copy(db, copy)
+    with duckdb.connect(str(copy)) as con:
+        con.execute("DELETE FROM requests WHERE seq >= ?", [kept])
+        if trace is not None:
+            con.execute("UPDATE runs SET trace_path = ?, trace_sha256 = ''", [str(trace)])
+    return copy
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(part=st.floats(0.05, 1.0), budget=st.sampled_from([200, 2 ** 62]))
+def test_the_close_reads_the_trace_up_to_its_runs_last_request_only(all_finish, tmp_path, monkeypatch, part, budget):
+    """The close that reads the trace again (no read-ahead it can use: an interrupted run's, whose
+    rows end part-way through the trace) stops at the line of the run's last request: the curves
+    are the ones of the trace cut there, sampled or not, and no line after it is read (issue 41:
+    a 1M-request run stopped half-way read the whole trace in its close)."""
+    trace, db = all_finish
+    lines = trace.read_text().splitlines(keepends=True)
+    kept = max(1, min(len(lines), round(part * len(lines))))
+    monkeypatch.setattr(sc, "MAX_TOUCHES", budget)
+    cut_trace = tmp_path / f"cut{kept}.jsonl"
+    cut_trace.write_text("".join(lines[:kept]))  # one request a line (synth): seq k is line k + 1
+    read: list[int] = []
+    pages = sc._trace_pages
+
+    def counted(*args, **kwargs):
+        for got in pages(*args, **kwargs):
+            read.append(got[1])
+            yield got
+
+    monkeypatch.setattr(sc, "_trace_pages", counted)
+    with open_store(_interrupted_copy(db, tmp_path, kept)) as con:
+        curves = sc.compute_size_curves(con, resolve_run(con, None))
+    assert read == list(range(kept))  # up to the run's last request, not one line more
+    with open_store(_interrupted_copy(db, tmp_path, kept, trace=cut_trace)) as con:
+        assert sc.compute_size_curves(con, resolve_run(con, None)) == curves
+
+
+def test_a_read_ahead_the_close_cannot_use_is_let_go_and_the_reads_heap_handed_back_before_the_pass(all_finish,
+                                                                                                 tmp_path, monkeypatch):
+    """A sampled read-ahead's rate is the whole trace's: the close of a run with fewer requests
+    (interrupted) samples at its own and reads the trace again, up to its last request. The
+    read-ahead is let go, and glibc's freed heap (the read's parse state) handed back between the
+    read and the pass (issue 41: an interrupted 1M-request run's close passed 1 GB); the curves
+    are the ones the close makes with no read-ahead at all."""
+    from tierdiag.diagnose.run import live_curves
+
+    trace, db = all_finish
+    monkeypatch.setattr(sc, "MAX_TOUCHES", 200)
+    monkeypatch.setattr(sc, "TRIM_FROM_ROWS", 0)
+    with open_store(db) as con:
+        lines = con.execute("SELECT count(*) FROM requests").fetchone()[0]
+    cut = _interrupted_copy(db, tmp_path, lines * 2 // 3)
+    with open_store(cut) as con:
+        run = resolve_run(con, None)
+        alone = sc.compute_size_curves(con, run)
+    with open_store(db) as con:
+        ahead = _fed_ahead(con, resolve_run(con, None))  # fed every row: the whole trace's sample
+    assert ahead.index is not None and ahead.index.keep is not None
+    events: list[str] = []
+    monkeypatch.setattr(live_curves, "release_freed_heap", lambda: events.append("trim") or True)
+    pages = sc._trace_pages
+
+    def reading(*args, **kwargs):
+        events.append("read")
+        yield from pages(*args, **kwargs)
+
+    monkeypatch.setattr(sc, "_trace_pages", reading)
+    import weakref
+
+    gone = weakref.ref(ahead)
+    del ahead
+    with open_store(cut) as con:
+        run = resolve_run(con, None)
+        assert sc.compute_size_curves(con, run) == alone
+    assert not sc._READ_AHEAD and gone() is None
+    assert events == ["read", "trim", "trim"], events  # after the read, after the pass

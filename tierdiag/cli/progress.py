@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from tierdiag import signals
 from tierdiag.errors import ConfigError
 
 ENV = "TIERDIAG_PROGRESS_EVERY_S"
@@ -74,11 +75,18 @@ def fmt_duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def progress_line(what: str, done: int, total: int | None, unit: str, elapsed_s: float) -> str:
-    """The piped line: what, done/total, elapsed, and the time left once there is a rate."""
+def progress_line(what: str, done: int, total: int | None, unit: str, elapsed_s: float, *,
+                  stopping: bool = False) -> str:
+    """The piped line: what, done/total, elapsed, and the time left once there is a rate.
+    `stopping`: a Ctrl-C or SIGTERM came (tierdiag/signals.py) and the command is closing what it
+    was writing: no time left is estimated from a count that no longer moves (a 1M-request replay
+    interrupted half-way closes its run for ~30 s, each line's "about ... left" growing), the line
+    says what is being done instead."""
     count = f"{done:,}/{total:,}" if total is not None else f"{done:,}"
     line = f"tierdiag: {what}: {count}{' ' + unit if unit else ''}, {fmt_duration(elapsed_s)} elapsed"
-    if total is not None and 0 < done < total and elapsed_s > 0:
+    if stopping:
+        line += ", interrupted: closing what was recorded"
+    elif total is not None and 0 < done < total and elapsed_s > 0:
         line += f", about {fmt_duration(elapsed_s * (total - done) / done)} left"
     return line
 
@@ -165,7 +173,8 @@ class Progress:
 
     def _tick(self) -> None:
         while not self._stop.wait(self._every):
-            line = progress_line(self.what, self.done, self.total, self.unit, time.monotonic() - self._t0)
+            line = progress_line(self.what, self.done, self.total, self.unit, time.monotonic() - self._t0,
+                                 stopping=signals.received() is not None)
             # stderr, one whole line at a time; data, never markup, its control characters
             # escaped as the console would (a stream that cannot take a character escapes it:
             # cli/exits.py sets its errors to backslashreplace)

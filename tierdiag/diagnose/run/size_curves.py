@@ -455,6 +455,11 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
             if kept is not None:
                 kept.add(k)
             matched += 1
+            if i == n - 1:
+                # Every row is matched: no later line is one of the run's (lines and rows ascend
+                # together). An interrupted run's rows end part-way through the trace: the rest is
+                # not read (a 1M-request run stopped half-way: ~half the read of its close).
+                break
     except TierdiagError as exc:
         raise CurvesUnavailable(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     if ahead is not None and ahead.error is not None:
@@ -462,7 +467,16 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     if matched != n:
         raise CurvesUnavailable(f"trace file {path} has {matched} of the run's {n} finished requests")
     live = ahead.live if index is not None else None
+    read_here = ahead is None  # the trace read again by this close (nothing read ahead it could use)
     del seqs, wanted, lines, ahead
+    if read_here and n >= TRIM_FROM_ROWS:
+        # The read's parse state (read_trace's ids, their set and lines, the hash ids' links: ~140
+        # MiB at 1M requests) is freed: handed back before the pass's arrays are made beside what
+        # the read kept (an interrupted large run's close, whose sample is not the read-ahead's:
+        # its peak -28 to -39 MB at 1M; issue 41).
+        from tierdiag.diagnose.run.live_curves import release_freed_heap
+
+        release_freed_heap()
     cols = cols._replace(req_id=None)  # matched: the ids' hashes let go before the pass
     ranks = np.unique(cols.rank).tolist()
     tallied = None  # (distinct depths, counts) of a pass of one rank tallied while walked
@@ -1415,7 +1429,9 @@ def _touches(cols: CurveColumns, flat, lens, marks, page: int, keep):
         kept = keep(fresh)
         outs = np.bincount(np.repeat(np.arange(events, dtype=np.int64), outs)[kept], minlength=events).astype(np.int64)
         fresh = fresh[kept]
+        del kept
         before = np.cumsum(outs) - outs
+    del outp
     source = np.concatenate([flat, fresh])
     marks = np.concatenate([marks, np.zeros(len(fresh), dtype=bool)])
     del flat, fresh
@@ -1426,6 +1442,11 @@ def _touches(cols: CurveColumns, flat, lens, marks, page: int, keep):
     run_to = np.cumsum(run_len) - run_len
     count = outs + lens[req]
     touches = int(count.sum())
+    event_rank = rank[req]
+    # The per-event columns the runs were made of, let go before the touches' arrays (the pass's
+    # largest: ~180 MB at the budget's 20M touches) are made beside the runs (issue 41: a close
+    # that walks the whole sampled pass itself, an interrupted 1M-request run's).
+    del req, is_sched, outs, before, off
     tk = np.empty(touches, dtype=np.int64)
     tq = np.empty(touches, dtype=bool)
     r0, ends = 0, run_to + run_len
@@ -1439,7 +1460,7 @@ def _touches(cols: CurveColumns, flat, lens, marks, page: int, keep):
         tk[lo:hi] = source[at]
         np.logical_and(marks[at], np.repeat(run_looks[r0:r1], ln), out=tq[lo:hi])
         r0 = r1
-    return tk, tq, count, rank[req]
+    return tk, tq, count, event_rank
 
 
 def _pass_depths(tk, tq, per_event, event_rank):
