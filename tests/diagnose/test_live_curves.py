@@ -621,3 +621,33 @@ def test_the_tally_counts_each_walks_depths_by_either_way(walks):
         assert got[:len(want)].tolist() == want.tolist() and not got[len(want):].any()
         tallies.append(got)
     assert len(tallies[0]) == len(tallies[1])
+
+
+_HOSTILE_SCALES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1.0, 0.5, 2.0, 1e-9, 3.7, 1e300, 5e-324, -0.0]),
+    st.integers(-4, 2**20))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 2**62), st.sampled_from([0, 1, 2**53 - 1, 2**53, 2**53 + 1, 2**62 - 1,
+                                                                  2**62, 1_700_000_000_000_000_123])),
+                max_size=30), _HOSTILE_SCALES)
+def test_the_scaled_arrivals_are_the_engines_expression(arrivals, scale):
+    """`scaled_arrivals` (numpy's float64 product where every product is finite and under 2**62)
+    gives `int(arrival_ns * time_scale)` a request at a time, as engine/arrivals.py times it: past
+    2**53, at the bounds, for a scale of any float or an int; where the expression fails, it fails."""
+    from array import array
+
+    try:
+        want = [int(a * scale) for a in arrivals]
+    except (OverflowError, ValueError) as exc:
+        with pytest.raises(type(exc)):
+            lc.scaled_arrivals(arrivals, scale)
+        return
+    if any(not -2**63 <= w < 2**63 for w in want):
+        with pytest.raises(OverflowError):
+            lc.scaled_arrivals(arrivals, scale)
+        return
+    for given_as in (arrivals, array("q", arrivals), np.array(arrivals, dtype=np.int64)):
+        got = lc.scaled_arrivals(given_as, scale)
+        assert got.dtype == np.int64 and got.tolist() == want
