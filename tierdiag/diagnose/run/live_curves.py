@@ -632,8 +632,9 @@ class LivePass:
             self._tallied = (self.tally, at.astype(np.int64), self.tally[at].astype(np.int64))
 
     def done(self) -> None:
-        """Every event is walked (`advance(None)`): the stacks are let go (a sampled pass's tree is
-        4 bytes a touch, ~128 MB at the budget), before the close computes beside what is kept."""
+        """Every event is walked (`advance(None)`): the stacks are let go (each id's latest position,
+        4 bytes an id, and the positions left, a bit a position), before the close computes beside
+        what is kept."""
         if self._pending:
             raise ValueError("done: events are left to walk")
         self.stacks = {}
