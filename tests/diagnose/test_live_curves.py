@@ -94,6 +94,31 @@ def test_the_stack_renumbered_as_it_fills_answers_the_sort_based_pass(seed, n_id
     assert stack.slots <= max(4096, 8 * (live + widest), 2 * n_ids)
 
 
+@pytest.mark.parametrize("keys", [1, 63, 64, 65, 127, 129, 4095, 4097])
+def test_the_stacks_words_of_positions_left_answer_across_their_bounds(keys):
+    """The compiled stack keeps the positions left a bit each, counted by a tree over their 64-bit
+    words (stackdist.c: the positions left below p are the words' prefix and a popcount of p's
+    own): keys revisited in a cycle of `keys`, so that a key's previous touch lies at every place
+    in a word and its depth counts whole words and parts of one, output pages (-1) among them,
+    fed through growths and renumberings where the positions used end inside a word. Its answers
+    are the sort-based pass's and StackPython's."""
+    compiled = pytest.importorskip("tierdiag.native._stackdist")
+    rng = np.random.default_rng(keys)
+    total = 30_000
+    ids = np.arange(total, dtype=np.int64) % keys
+    ids[rng.random(total) < 0.03] = -1
+    query = rng.random(total) < 0.7
+    sizes = rng.integers(1, 70, total)
+    sizes = sizes[:int(np.searchsorted(np.cumsum(sizes), total))]
+    sizes = np.r_[sizes, total - int(sizes.sum())].astype(np.int64)
+    cuts = sorted(set(rng.integers(1, len(sizes), 9).tolist()))
+    want = sc._flat_depths(np.where(ids >= 0, ids, -1 - np.arange(total)), query, sizes).tolist()
+    stack = compiled.Stack(keys)
+    assert _fed(stack, ids, query, sizes, cuts) == want
+    assert stack.touches == total and stack.slots <= max(4096, 8 * (keys + total))
+    assert _fed(lc.StackPython(keys), ids, query, sizes, cuts) == want
+
+
 def test_the_stack_renumbers_instead_of_growing_over_few_keys():
     """100 feeds of 2,048 touches over 1,000 keys: the tree grows once, to 8,192 slots (room for
     the keys and a feed, half of it free), and stays there; without the renumbering it grew to
@@ -578,13 +603,51 @@ def test_release_freed_heap_answers_whether_glibc_trimmed_and_changes_no_array()
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.lists(st.integers(-3, 3000), max_size=40), max_size=6))
 def test_the_tally_counts_each_walks_depths_by_either_way(walks):
-    """LivePass._tally: a walk's positive depths counted by a count array (many beside the tally)
-    or by a sort (few): the same counts as a plain count of every depth, whichever it took."""
+    """LivePass._tally: a walk's positive depths counted in place by numpy's `add.at` (numpy 1.25
+    on), or, before, by a count array (many beside the tally) or by a sort (few): the same counts
+    as a plain count of every depth, the same int32 tally grown the same way, whichever it took."""
     index = lc.TraceIndex.of_keys(np.arange(1), [np.arange(1, dtype=np.int64)])
-    live = lc.LivePass(index, 1, all_ranks=False)
-    for w in walks:
-        live._tally(np.array(w, dtype=np.int64))
     every = [d for w in walks for d in w if d > 0]
     want = np.bincount(np.array(every, dtype=np.int64)) if every else np.zeros(0, dtype=np.int64)
-    got = live.tally if live.tally is not None else None
-    assert got is not None and got[:len(want)].tolist() == want.tolist() and not got[len(want):].any()
+    tallies = []
+    for fast in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(lc, "_FAST_ADD_AT", fast)
+            live = lc.LivePass(index, 1, all_ranks=False)
+            for w in walks:
+                live._tally(np.array(w, dtype=np.int64))
+        got = live.tally
+        assert got is not None and got.dtype == np.int32
+        assert got[:len(want)].tolist() == want.tolist() and not got[len(want):].any()
+        tallies.append(got)
+    assert len(tallies[0]) == len(tallies[1])
+
+
+_HOSTILE_SCALES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1.0, 0.5, 2.0, 1e-9, 3.7, 1e300, 5e-324, -0.0]),
+    st.integers(-4, 2**20))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 2**62), st.sampled_from([0, 1, 2**53 - 1, 2**53, 2**53 + 1, 2**62 - 1,
+                                                                  2**62, 1_700_000_000_000_000_123])),
+                max_size=30), _HOSTILE_SCALES)
+def test_the_scaled_arrivals_are_the_engines_expression(arrivals, scale):
+    """`scaled_arrivals` (numpy's float64 product where every product is finite and under 2**62)
+    gives `int(arrival_ns * time_scale)` a request at a time, as engine/arrivals.py times it: past
+    2**53, at the bounds, for a scale of any float or an int; where the expression fails, it fails."""
+    from array import array
+
+    try:
+        want = [int(a * scale) for a in arrivals]
+    except (OverflowError, ValueError) as exc:
+        with pytest.raises(type(exc)):
+            lc.scaled_arrivals(arrivals, scale)
+        return
+    if any(not -2**63 <= w < 2**63 for w in want):
+        with pytest.raises(OverflowError):
+            lc.scaled_arrivals(arrivals, scale)
+        return
+    for given_as in (arrivals, array("q", arrivals), np.array(arrivals, dtype=np.int64)):
+        got = lc.scaled_arrivals(given_as, scale)
+        assert got.dtype == np.int64 and got.tolist() == want

@@ -345,13 +345,17 @@ static PyObject *block_ids(PyObject *self, PyObject *args) {
  * writer process runs while the run is recorded: diagnose/run/live_curves.py `new_stack`, whose
  * Python twin `StackPython` is the reference). Keys are dense ids, 0 .. ids - 1 (Stack(ids)), or
  * -1 for a key touched once only (an output page); a key's latest position is `last[id]` (32-bit: positions stay under 2**30), so a
- * previous touch is one array read, not a sort of every touch. The Fenwick tree over the positions
- * counts the positions keys have left (touched again since), not the keys' marks: every position was
- * marked when touched, so a touch at the end adds no node and only a moved key's old place is taken
- * out (issue 41: the mark's walk up from a fresh position, to the tree's top through cold nodes, was
- * ~45 % of the conversation trace's feed; StackPython keeps the marks, the same answers). It
- * doubles as the positions grow: a power-of-two tree keeps its nodes, the new top node holding
- * every position left.
+ * previous touch is one array read, not a sort of every touch. What is counted is the positions keys
+ * have left (touched again since), not the keys' marks: every position was marked when touched, so a
+ * touch at the end adds nothing and only a moved key's old place is taken out (issue 41: the mark's
+ * walk up from a fresh position, to the tree's top through cold nodes, was ~45 % of the conversation
+ * trace's feed; StackPython keeps the marks, the same answers). The positions left are a bit a
+ * position, and a Fenwick tree over the bits' 64-position words counts them a word at a time: the
+ * positions left below p are the tree's prefix over p's word's predecessors and a popcount of p's own
+ * word (issue 41, session 36: a tree over every position, 4 bytes each, was 16 MiB at the
+ * conversation trace's ~4M touches, and a move's walk up it half of the walk's CPU in cache misses;
+ * the words' tree is 1/64 of it, 64 KiB a million positions, and stays in cache). Both double as the
+ * positions grow: a power-of-two tree keeps its nodes, the new top node holding every position left.
  *
  * feed(ids, query, sizes) -> bytes of int64, one per queried touch, in order: the groups laid end
  * to end (ids int64, query one byte a key, sizes int64: group g is the next sizes[g] keys). Each
@@ -361,14 +365,28 @@ static PyObject *block_ids(PyObject *self, PyObject *args) {
  * fed so far, prev[t] being the previous touch of the same id (none for -1).
  */
 
+/* The set bits of a word: the instruction where the compiler may use it (or on a machine where the builtin is
+ * one), else a few shifts and adds inline, not libgcc's call (issue 41, session 36: ~14 % of the walk, perf). */
+static inline int64_t sd_bits_set(uint64_t x) {
+#if defined(__POPCNT__) || !(defined(__x86_64__) || defined(__i386__))
+    return __builtin_popcountll(x);
+#else
+    x = x - ((x >> 1) & 0x5555555555555555ULL);
+    x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
+    x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
+    return (int64_t)((x * 0x0101010101010101ULL) >> 56);
+#endif
+}
+
 typedef struct {
     PyObject_HEAD
     int32_t *last;    /* each id's latest position (-1: not touched yet; positions stay under 2**30) */
     int64_t ids;
-    int32_t *tree;    /* Fenwick tree over positions 1..cap: 1 at each position a key has left (touched again
-                       * since): every position below n was marked once when touched, so the marks below
-                       * p are p less these; a touch adds no node, only a key's move takes its old one out */
-    int64_t cap;      /* a power of two */
+    uint64_t *bits;   /* cap / 64 words: bit p % 64 of word p / 64 set where position p is one a key has left
+                       * (touched again since): every position below n was marked once when touched, so the
+                       * marks below p are p less these; a touch sets none, only a key's move sets its old one */
+    int32_t *tree;    /* Fenwick tree over the words 1..cap / 64: how many positions of each word are left */
+    int64_t cap;      /* positions: a power of two, >= 4096 (64 words) */
     int64_t n;        /* positions used (since the last renumbering: `sd_compact`) */
     int64_t live;     /* distinct keys touched (each -1 a key of its own): the marked positions, n less the tree's */
     int64_t fed;      /* touches fed so far */
@@ -380,34 +398,45 @@ typedef struct {
  * a sampled size-curves pass fed ~20M touches over ~2M marks held a 2**25-slot tree, 128 MiB, through
  * the run). O(cap + ids). */
 static void sd_compact(StackObject *s) {
-    int32_t *t = s->tree;
-    int64_t cap = s->cap, n = s->n;
-    /* The tree back to its positions left, each node's children taken out again (the build's steps
-     * undone, the highest node first: a node's value is still whole when it is taken out of its parent). */
-    for (int64_t i = cap; i >= 1; i--) {
-        int64_t j = i + (i & -i);
-        if (j <= cap) t[j] -= t[i];
-    }
-    /* Each position's new number, in place: its rank among the marked ones (-1: left). */
+    int32_t *before = s->tree;  /* reused: the marked positions in the words before each word */
+    const uint64_t *bits = s->bits;
+    int64_t words = s->cap >> 6, n = s->n, used = (n + 63) >> 6;
     int32_t k = 0;
-    for (int64_t i = 1; i <= n; i++) t[i] = t[i] ? -1 : k++;
-    for (int64_t id = 0; id < s->ids; id++)
-        if (s->last[id] >= 0) s->last[id] = t[s->last[id] + 1];
+    for (int64_t w = 0; w < used; w++) {
+        uint64_t in = (w == used - 1 && (n & 63)) ? (((uint64_t)1 << (n & 63)) - 1) : ~(uint64_t)0;
+        before[w] = k;
+        k += (int32_t)sd_bits_set(~bits[w] & in);
+    }
+    /* Each id's latest position (marked: a key's latest touch is never one it left) renumbered: its rank
+     * among the marked ones. */
+    for (int64_t id = 0; id < s->ids; id++) {
+        int32_t p = s->last[id];
+        if (p >= 0)
+            s->last[id] = before[p >> 6]
+                          + (int32_t)sd_bits_set(~bits[p >> 6] & ((((uint64_t)1) << (p & 63)) - 1));
+    }
     /* Positions 0..k-1, every one marked: none left. */
-    memset(t + 1, 0, (size_t)cap * sizeof(int32_t));
+    memset(s->bits, 0, (size_t)words * sizeof(uint64_t));
+    memset(s->tree, 0, ((size_t)words + 1) * sizeof(int32_t));
     s->n = k;
 }
 
-/* Room for positions up to `need`: the tree doubled; the new nodes cover positions not used yet
- * but the top one, whose range is every position: it holds every position left (n - live). */
+/* Room for positions up to `need`: the bits and the words' tree doubled; the new words are positions
+ * not used yet, and the new nodes cover those but the top one, whose range is every word: it holds
+ * every position left (n - live). */
 static int sd_grow_tree(StackObject *s, int64_t need) {
     int64_t cap = s->cap;
     while (cap < need) {
         if (cap >= (INT32_MAX >> 1)) return -2;
-        int32_t *t = realloc(s->tree, ((size_t)cap * 2 + 1) * sizeof(int32_t));
+        int64_t words = cap >> 6;
+        uint64_t *b = realloc(s->bits, (size_t)words * 2 * sizeof(uint64_t));
+        if (!b) return -1;
+        memset(b + words, 0, (size_t)words * sizeof(uint64_t));
+        s->bits = b;
+        int32_t *t = realloc(s->tree, ((size_t)words * 2 + 1) * sizeof(int32_t));
         if (!t) return -1;
-        memset(t + cap + 1, 0, (size_t)cap * sizeof(int32_t));
-        t[cap * 2] = (int32_t)(s->n - s->live);
+        memset(t + words + 1, 0, (size_t)words * sizeof(int32_t));
+        t[words * 2] = (int32_t)(s->n - s->live);
         s->tree = t;
         cap *= 2;
         s->cap = cap;
@@ -424,14 +453,15 @@ static PyObject *stack_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     s->ids = ids;
     s->last = malloc((size_t)(ids ? ids : 1) * sizeof(int32_t));
     s->cap = 4096;
-    s->tree = calloc((size_t)s->cap + 1, sizeof(int32_t));
-    if (!s->last || !s->tree) { Py_DECREF(s); return PyErr_NoMemory(); }
+    s->bits = calloc((size_t)(s->cap >> 6), sizeof(uint64_t));
+    s->tree = calloc((size_t)(s->cap >> 6) + 1, sizeof(int32_t));
+    if (!s->last || !s->bits || !s->tree) { Py_DECREF(s); return PyErr_NoMemory(); }
     for (int64_t i = 0; i < ids; i++) s->last[i] = -1;
     return (PyObject *)s;
 }
 
 static void stack_dealloc(StackObject *s) {
-    free(s->last); free(s->tree);
+    free(s->last); free(s->bits); free(s->tree);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -459,8 +489,9 @@ static PyObject *sd_run(StackObject *s, const int64_t *ks, const uint8_t *q, con
     int64_t *out = (int64_t *)PyBytes_AS_STRING(result);
     Py_BEGIN_ALLOW_THREADS
     int32_t *tr = s->tree;
+    uint64_t *bits = s->bits;
     int32_t *last = s->last;
-    int64_t cap = s->cap, at = 0, o = 0, n0 = s->n;
+    int64_t words = s->cap >> 6, at = 0, o = 0, n0 = s->n;
     for (Py_ssize_t k = 0; k < g; k++) {
         int64_t a = at, b = at + sz[k], start = n0 + a;
         for (int64_t t = a; t < b; t++) {          /* answers: the stack before the group */
@@ -470,14 +501,17 @@ static PyObject *sd_run(StackObject *s, const int64_t *ks, const uint8_t *q, con
             if (!q[t]) continue;
             if (p < 0) { out[o++] = -1; continue; }
             if (p >= start) { out[o++] = 0; continue; }  /* earlier in this group */
-            int64_t left = 0; /* positions below p left since: the marks below p are p - left */
-            for (int64_t i = p; i > 0; i -= i & -i) left += tr[i];
+            /* positions below p left since (the marks below p are p - left): p's word's below it, then
+             * the words before it */
+            int64_t left = sd_bits_set(bits[p >> 6] & ((((uint64_t)1) << (p & 63)) - 1));
+            for (int64_t i = p >> 6; i > 0; i -= i & -i) left += tr[i];
             out[o++] = s->live - (p - left);
         }
         for (int64_t t = a; t < b; t++) {          /* then touched, in order: a moved key leaves its place */
             int64_t p = scratch[t];
             if (p >= 0) {
-                for (int64_t i = p + 1; i <= cap; i += i & -i) tr[i] += 1;
+                bits[p >> 6] |= ((uint64_t)1) << (p & 63);
+                for (int64_t i = (p >> 6) + 1; i <= words; i += i & -i) tr[i] += 1;
             } else {
                 s->live += 1;
             }
@@ -585,7 +619,7 @@ static PyObject *stack_slots(StackObject *s, void *closure) { return PyLong_From
 
 static PyGetSetDef stack_getset[] = {
     {"touches", (getter)stack_touches, NULL, "touches fed so far", NULL},
-    {"slots", (getter)stack_slots, NULL, "the Fenwick tree's positions (its memory: 4 bytes each)", NULL},
+    {"slots", (getter)stack_slots, NULL, "the positions the stack has room for (its memory: a bit each, and 4 bytes a 64 of them)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
