@@ -1220,6 +1220,19 @@ def pages_both_ways(reqs, page: int):
     return by_keys, as_read
 
 
+@pytest.mark.parametrize("budget", [-1, 0, 1])
+def test_a_pass_of_no_page_touches_is_never_sampled_whatever_the_budget(monkeypatch, budget):
+    """Requests shorter than a page make no page touch; with the budget patched under 1 (a
+    hostile value Hypothesis drew: `max(MAX_TOUCHES, 1) / touches` divided by zero) the pass is
+    kept whole: nothing to sample, the same index both ways, and the fed index is the close's."""
+    monkeypatch.setattr(sc, "MAX_TOUCHES", budget)
+    reqs = [_request(i, (7 * i, 7 * i + 1), input_len=16) for i in range(3)]
+    by_keys, as_read = pages_both_ways(reqs, 512)
+    assert by_keys.touches == as_read.touches == 0
+    assert not by_keys.sampled and not as_read.sampled
+    assert sc._over_budget(0) is False and sc._over_budget(1) is (budget < 1)
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kinds=st.lists(st.sampled_from(["hash", "tokens", "salted", "repeat"]), min_size=1, max_size=30),
        chunk=st.sampled_from([1, 2, 5, 4096]), budget=st.one_of(st.just(2**62), st.integers(-1, 400)),

@@ -89,6 +89,13 @@ TRIM_FROM_ROWS = 100_000
 # budget, in touches, of a close that must not need gigabytes. A run with more (counted from the
 # rows before the trace is read; about a million requests) is sampled down to it (module doc).
 MAX_TOUCHES = 20_000_000
+
+
+def _over_budget(touches: int) -> bool:
+    """A pass of `touches` page touches is sampled: more than MAX_TOUCHES, and any at all (a
+    budget patched under 1 is taken as 1 by the rate, `max(MAX_TOUCHES, 1) / touches`; a pass of
+    none has nothing to sample, and its rate would divide by zero)."""
+    return touches > MAX_TOUCHES and touches > 0
 _MIX = 0x9E3779B97F4A7C15  # a page key's hash for sampling: key x the golden ratio, modulo 2**64
 MODEL = ("LRU stack distances over the run's page references (pages touched deepest first, so a prefix outlives "
          "its leaves); exact for that model, not for the engine: it evicts only when it needs room, never a locked "
@@ -402,7 +409,7 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     touches = _exact_sum(per_row)
     del per_row
     rate, keep = 1.0, None
-    if touches > MAX_TOUCHES:
+    if _over_budget(touches):
         rate = max(MAX_TOUCHES, 1) / touches
         keep = _sampler(rate)
     # Each finished row's keys, in seq order, laid end to end as they are read (the trace's
@@ -912,7 +919,7 @@ class _Pages:
         inp = np.array(input_len, dtype=np.int64)
         out = np.array(output_len, dtype=np.int64)
         self.touches += int(_touches_of(inp, out, self.page).sum())
-        if self.touches > MAX_TOUCHES:
+        if _over_budget(self.touches):
             rate = max(MAX_TOUCHES, 1) / self.touches
             if self.keep is None or rate < 0.8 * self.rate:
                 self._resample(rate)
@@ -954,7 +961,7 @@ class _Pages:
         """Every line read: the sample at the rate of the trace's own touches."""
         self._close_chunk()
         self._last = {}  # the sessions' latest turns: read, `pred` holds them
-        if self.touches > MAX_TOUCHES:
+        if _over_budget(self.touches):
             self._resample(max(MAX_TOUCHES, 1) / self.touches)
 
     @property
@@ -1173,7 +1180,7 @@ class _ReadAhead:
         index = self.index
         if index is None:
             return None
-        if touches > MAX_TOUCHES:
+        if _over_budget(touches):
             return index if index.keep is not None and index.touches == touches else None
         return index if index.keep is None else None
 
