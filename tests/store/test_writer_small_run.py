@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from tests.support.serve_writer import CountingWriter
 from tierdiag.store import writer_serve
 from tierdiag.store.writer import RunWriter
 from tierdiag.store.writer_process import SMALL_PENDING_BYTES, VACUUM_ROWS
@@ -25,36 +26,10 @@ def _interval_stays_due(monkeypatch):
     monkeypatch.setattr(writer_serve, "next_interval", lambda every, every_max, most, took: every)
 
 
-class _Writer:
-    """RunWriter's part the serving loop uses: take keeps the columns, write counts the request
-    rows taken at each write."""
-
-    def __init__(self):
-        self.writes: list[int] = []
-        self.taken = 0
-        self._pending = False
-
-    def take(self, tables):
-        self._pending = True
-        self.taken += len(next(iter(tables.get("requests", {"x": []}).values())))
-        return tables
-
-    def hold_memory(self, limit_bytes: int) -> bool:
-        return False
-
-    @property
-    def pending(self):
-        return self._pending
-
-    def write(self, *, vacuum=True):
-        self.writes.append(self.taken)
-        self._pending = False
-
-
 def _serve(expected, *, every=0.0, most=10**9):
     """A serving loop whose doubling interval is always due (`every` 0) and whose longest never is."""
     serve = writer_serve._Serve(inbox=queue.SimpleQueue(), reply_fd=-1)
-    serve.writer = _Writer()
+    serve.writer = CountingWriter()
     serve.every = serve.every_max = every
     serve.most = most
     serve.expected = expected
