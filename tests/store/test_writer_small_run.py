@@ -1,7 +1,7 @@
 """The writer process's small runs (store/writer_serve.py `_Serve.interval`): a run whose late
 writes will come (its trace's lines counted), short of LATE_FROM of them handed over, not large
 (writer_process.VACUUM_ROWS: a table with a row group's rows, or a trace of as many requests),
-with its rows pending under SMALL_PENDING_BYTES, waits the longest interval (`most`: the flush
+with fewer rows pending than SMALL_PENDING_ROWS (all tables), waits the longest interval (`most`: the flush
 interval's bound) for a write instead of the doubling one: each write costs ~20-25 ms of CPU
 whatever its rows (issue 41, session 36 h46writes). Anything else is written as before."""
 
@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from tests.support.serve_writer import CountingWriter
 from tierdiag.store import writer_serve
 from tierdiag.store.writer import RunWriter
-from tierdiag.store.writer_process import SMALL_PENDING_BYTES, VACUUM_ROWS
+from tierdiag.store.writer_process import SMALL_PENDING_ROWS, VACUUM_ROWS
 from tierdiag.store.writer_serve import LATE_FROM
 
 
@@ -36,11 +36,11 @@ def _serve(expected, *, every=0.0, most=10**9):
     return serve
 
 
-def _batch(n: int, pad: int = 0) -> dict:
-    """n request rows; `pad` bytes more in a text column of batches."""
+def _batch(n: int, evictions: int = 0) -> dict:
+    """n request rows, and `evictions` eviction rows."""
     tables = {"requests": {"seq": pa.array(range(n), pa.int64())}}
-    if pad:
-        tables["batches"] = {"run_id": pa.array(["x" * pad])}
+    if evictions:
+        tables["evictions"] = {"eviction_id": pa.array(range(evictions), pa.int64())}
     return tables
 
 
@@ -58,17 +58,23 @@ def test_a_small_run_waits_for_its_first_late_write_then_is_written_as_before():
 
 
 def test_rows_pending_past_the_bound_are_written_at_the_interval():
-    """The rows pending reach SMALL_PENDING_BYTES: written at the interval, the bound counted
-    again from that write (by the Arrow columns' bytes, whatever the table)."""
+    """The rows pending (every table's) reach SMALL_PENDING_ROWS: written at the interval, the
+    bound counted again from that write."""
     serve = _serve(1000)
-    half = SMALL_PENDING_BYTES // 2 + 1
-    serve.rows(_batch(10, pad=half))
+    half = SMALL_PENDING_ROWS // 2
+    serve.rows(_batch(10, evictions=half - 10))
+    assert serve.writer.writes == [] and serve.rows_pending == half
+    serve.rows(_batch(10, evictions=half - 11))  # one short
     assert serve.writer.writes == []
-    serve.rows(_batch(10, pad=half))  # past the bound
-    assert serve.writer.writes == [20]
-    assert serve.pending_bytes == 0
+    serve.rows(_batch(1))  # at the bound
+    assert serve.writer.writes == [21]
+    assert serve.rows_pending == 0
     serve.rows(_batch(10))
-    assert serve.writer.writes == [20]
+    assert serve.writer.writes == [21]
+
+
+def test_the_bound_is_a_row_group():
+    assert SMALL_PENDING_ROWS == VACUUM_ROWS == 122_880
 
 
 @pytest.mark.parametrize("expected", [None, 0, -5])
@@ -85,11 +91,14 @@ def test_a_large_run_is_written_at_the_interval():
     serve = _serve(VACUUM_ROWS)
     serve.rows(_batch(10))
     assert serve.writer.writes == [10]
-    serve = _serve(1000)  # a small trace, a table of a row group's rows
-    serve.rows({"evictions": {"seq": pa.array(range(VACUUM_ROWS - 1), pa.int64())}, **_batch(1)})
+    serve = _serve(1000)  # a small trace, a table reaching a row group's rows
+    serve.rows({"evictions": {"seq": pa.array(range(VACUUM_ROWS - 1), pa.int64())}})
     assert serve.writer.writes == []
+    serve.write()  # (as a late write would: the rows pending counted again from 0)
+    serve.rows(_batch(1))
+    assert serve.writer.writes == [0]
     serve.rows({"evictions": {"seq": pa.array([0], pa.int64())}, **_batch(1)})
-    assert serve.writer.writes == [2]
+    assert serve.writer.writes == [0, 2]
 
 
 def test_the_longest_interval_still_writes_a_small_run():
@@ -128,15 +137,15 @@ _SECONDS = st.floats(0, 1e6, allow_nan=False)
 @settings(max_examples=400, deadline=None)
 @given(_COUNT, st.integers(-10**6, 10**18), st.integers(-10**6, 2**63), _SECONDS, _SECONDS,
        st.dictionaries(st.sampled_from(["requests", "evictions"]), st.integers(0, 2**63), max_size=2))
-def test_the_interval_for_any_counts(expected, taken, pending_bytes, every, most, rows_taken):
+def test_the_interval_for_any_counts(expected, taken, rows_pending, every, most, rows_taken):
     """Hostile counts (None, negative, zero, past int64): the doubling interval, or the longest
     exactly where the run is small, its late writes will come, it is short of LATE_FROM and its
     rows pending are under the bound; never shorter than the doubling one."""
     serve = _serve(expected, every=every, most=most)
-    serve.taken, serve.pending_bytes, serve.rows_taken = taken, pending_bytes, dict(rows_taken)
+    serve.taken, serve.rows_pending, serve.rows_taken = taken, rows_pending, dict(rows_taken)
     got = serve.interval()
     small = (expected is not None and 0 < expected < VACUUM_ROWS and taken < LATE_FROM * expected
-             and pending_bytes < SMALL_PENDING_BYTES and max(rows_taken.values(), default=0) < VACUUM_ROWS)
+             and rows_pending < SMALL_PENDING_ROWS and max(rows_taken.values(), default=0) < VACUUM_ROWS)
     assert got == (max(every, most) if small else every)
     assert got >= every
 

@@ -14,7 +14,7 @@ import time
 from tierdiag import signals
 from tierdiag.store.frames import EOF, loads, portable, read_raw, send_frame
 from tierdiag.store import writer_process
-from tierdiag.store.writer_process import (FIRST_WRITE_S, INBOX_BYTES, SMALL_PENDING_BYTES, VACUUM_EVERY,
+from tierdiag.store.writer_process import (FIRST_WRITE_S, INBOX_BYTES, SMALL_PENDING_ROWS, VACUUM_EVERY,
                                            VACUUM_MOST_WRITES, VACUUM_ROWS, STRETCH_MOST_S, WRITE_COST_SHARE,
                                            WRITE_EVERY_S)
 
@@ -233,7 +233,7 @@ class _Serve:
         self.expected: int | None = None
         self.taken = 0
         self.taken_at_write = 0
-        self.pending_bytes = 0  # of the Arrow columns taken since the last write (`interval`)
+        self.rows_pending = 0  # of every table, taken since the last write (`interval`)
 
     def reply(self, msg) -> bool:
         try:
@@ -342,7 +342,7 @@ class _Serve:
                 n = len(next(iter(columns.values())))
                 self.rows_since_vacuum[table] = self.rows_since_vacuum.get(table, 0) + n
                 self.rows_taken[table] = self.rows_taken.get(table, 0) + n
-                self.pending_bytes += sum(getattr(values, "nbytes", 0) for values in columns.values())
+                self.rows_pending += n
         requests = taken.get("requests")
         if requests:
             self.taken += len(next(iter(requests.values())))
@@ -379,7 +379,7 @@ class _Serve:
             self.fail(exc)
         else:
             if not self.writer.pending:  # written (a reader holding the file keeps the rows pending)
-                self.pending_bytes = 0
+                self.rows_pending = 0
                 if vacuum:
                     self.writes_since_vacuum = 0
                     self.rows_since_vacuum.clear()
@@ -394,13 +394,13 @@ class _Serve:
     def interval(self) -> float:
         """How long after the last write the next is due: `every`; or `most`, the longest, in a
         small run whose late writes will come (the trace's lines counted, under LATE_FROM of them
-        handed over, not `large`) while the rows pending are under SMALL_PENDING_BYTES: each
+        handed over, not `large`) while the rows pending are under SMALL_PENDING_ROWS: each
         write costs ~20-25 ms of CPU whatever its rows, and the late writes leave the close as
-        little as before (writer_process.SMALL_PENDING_BYTES). A trace read through a pipe
+        little as before (writer_process.SMALL_PENDING_ROWS). A trace read through a pipe
         (no count) is written as before."""
         expected = self.expected
         if (expected is not None and expected > 0 and self.taken < LATE_FROM * expected
-                and self.pending_bytes < SMALL_PENDING_BYTES and not self.large()):
+                and self.rows_pending < SMALL_PENDING_ROWS and not self.large()):
             return max(self.every, self.most)
         return self.every
 
