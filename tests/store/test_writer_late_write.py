@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from tests.support.serve_writer import CountingWriter
 from tests.support.unreadable import as_a_reader, unreadable
 from tierdiag.store import writer_serve
 from tierdiag.store.writer_serve import LATE_FROM, LATE_LEAST, late_write_due, trace_lines
@@ -101,31 +102,9 @@ def test_without_other_writes_each_late_write_halves_the_rest(expected):
     assert 1 - shares[-1] <= 1 / 16 + 1 / expected
 
 
-class _Writer:
-    """RunWriter's part the serving loop uses: take keeps the columns, write counts."""
-
-    def __init__(self):
-        self.writes: list[int] = []  # request rows taken at each write
-        self.taken = 0
-        self._pending = False
-
-    def take(self, tables):
-        self._pending = True
-        self.taken += len(next(iter(tables.get("requests", {"x": []}).values())))
-        return tables
-
-    @property
-    def pending(self):
-        return self._pending
-
-    def write(self, *, vacuum=True):
-        self.writes.append(self.taken)
-        self._pending = False
-
-
 def _serve(expected):
     serve = writer_serve._Serve(inbox=queue.SimpleQueue(), reply_fd=-1)
-    serve.writer = _Writer()
+    serve.writer = CountingWriter()
     serve.every = serve.every_max = serve.most = 1e9  # the interval never due: only the late write
     serve.expected = expected
     return serve

@@ -66,6 +66,18 @@ WRITE_EVERY_S = 1.0
 # 1.4, 2.4 s, then every second, where they came at 1, 2, 3 s: one more of ~25 ms on the writer's
 # core in its first three seconds).
 FIRST_WRITE_S = 0.2
+# ... except in a small run whose late writes will come (writer_serve.py `_Serve.interval`): while
+# under LATE_FROM of its trace's requests are handed over, with fewer of them than VACUUM_ROWS and
+# no table of as many rows, and fewer rows pending (all tables) than this, a write waits for the
+# longest interval (STRETCH_MOST_S, or the flush interval where smaller: the contract's "at least
+# this often"). A write costs ~20-25 ms of the writer's CPU whatever its rows (its inserts' binds,
+# its checkpoint's pass over every column; 1 row a table, 3 writes: 58-65 ms), and the
+# conversation trace's early write (~27 % of its rows, 0.2-0.4 s in) was merged into the next by
+# that one's vacuum, its rows compressed twice; the late writes (50, 75, 87.5 %) leave the close as
+# little as before (issue 41; benchmarks/README.md, session 36 h46writes). A row group's rows
+# (~15 MB of Arrow at the conversation trace's ~120 bytes a row); a large run, or one with more
+# rows pending, is written as before.
+SMALL_PENDING_ROWS = 122_880
 # A write that took longer than this share of the interval stretches the next interval to its
 # time over the share (writer_serve.next_interval), up to the replay's flush interval
 # (TIERDIAG_FLUSH_EVERY_S, 5 s by default: the contract's "at least this often"). A write's cost

@@ -15,8 +15,9 @@ import time
 from tierdiag import signals
 from tierdiag.store.frames import EOF, loads, portable, read_raw, send_frame
 from tierdiag.store import writer_process
-from tierdiag.store.writer_process import (FIRST_WRITE_S, INBOX_BYTES, VACUUM_EVERY, VACUUM_MOST_WRITES, VACUUM_ROWS,
-                                           STRETCH_MOST_S, WRITE_COST_SHARE, WRITE_EVERY_S)
+from tierdiag.store.writer_process import (FIRST_WRITE_S, INBOX_BYTES, SMALL_PENDING_ROWS, VACUUM_EVERY,
+                                           VACUUM_MOST_WRITES, VACUUM_ROWS, STRETCH_MOST_S, WRITE_COST_SHARE,
+                                           WRITE_EVERY_S)
 
 # The late writes: once LATE_FROM of the trace's requests have been handed over (their request
 # rows taken), the rows pending are written whatever the interval says when they are as many as
@@ -283,6 +284,7 @@ class _Serve:
         self.expected: int | None = None
         self.taken = 0
         self.taken_at_write = 0
+        self.rows_pending = 0  # of every table, taken since the last write (`interval`)
 
     def reply(self, msg) -> bool:
         try:
@@ -297,7 +299,7 @@ class _Serve:
         while True:
             timeout = None
             if self.writer is not None and not self.failed and self.writer.pending:
-                timeout = max(0.0, self.last_write + self.every - time.monotonic())
+                timeout = max(0.0, self.last_write + self.interval() - time.monotonic())
             try:
                 raw = self.inbox.get(timeout=timeout)
             except queue.Empty:
@@ -404,6 +406,7 @@ class _Serve:
                 n = len(next(iter(columns.values())))
                 self.rows_since_vacuum[table] = self.rows_since_vacuum.get(table, 0) + n
                 self.rows_taken[table] = self.rows_taken.get(table, 0) + n
+                self.rows_pending += n
         requests = taken.get("requests")
         if requests:
             self.taken += len(next(iter(requests.values())))
@@ -412,7 +415,7 @@ class _Serve:
         # together), one transaction takes it all: each write's close is a checkpoint (0.05-0.2 s).
         # A late write waits for an empty inbox too (more rows there, or the close, are nearer
         # the end than this batch: it is due again at the next one).
-        due = since >= self.every or late_write_due(self.taken, self.expected, self.taken_at_write)
+        due = since >= self.interval() or late_write_due(self.taken, self.expected, self.taken_at_write)
         if due and (self.inbox.empty() or since >= 4 * self.every):
             self.write()
 
@@ -427,7 +430,7 @@ class _Serve:
         self.taken_at_write = self.taken
         most = max(self.rows_taken.values(), default=0)
         vacuum = vacuum_due(self.writes_since_vacuum, max(self.rows_since_vacuum.values(), default=0), most)
-        if most >= VACUUM_ROWS or (self.expected or 0) >= VACUUM_ROWS:
+        if self.large():
             # A large run (a table with a row group's rows, or a trace of as many requests: held
             # from its first write, whose cached blocks met the trace's read-ahead's index build
             # otherwise): DuckDB's memory bounded from this write on (lifted for the close:
@@ -439,11 +442,31 @@ class _Serve:
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
         else:
-            if vacuum and not self.writer.pending:  # written (a reader holding the file keeps the rows pending)
-                self.writes_since_vacuum = 0
-                self.rows_since_vacuum.clear()
+            if not self.writer.pending:  # written (a reader holding the file keeps the rows pending)
+                self.rows_pending = 0
+                if vacuum:
+                    self.writes_since_vacuum = 0
+                    self.rows_since_vacuum.clear()
         self.last_write = time.monotonic()
         self.every = next_interval(self.every, self.every_max, self.most, self.last_write - t0)
+
+    def large(self) -> bool:
+        """A large run: a table with a row group's rows (VACUUM_ROWS), or a trace of as many
+        requests (its memory held from its first write: `write`)."""
+        return max(self.rows_taken.values(), default=0) >= VACUUM_ROWS or (self.expected or 0) >= VACUUM_ROWS
+
+    def interval(self) -> float:
+        """How long after the last write the next is due: `every`; or `most`, the longest, in a
+        small run whose late writes will come (the trace's lines counted, under LATE_FROM of them
+        handed over, not `large`) while the rows pending are under SMALL_PENDING_ROWS: each
+        write costs ~20-25 ms of CPU whatever its rows, and the late writes leave the close as
+        little as before (writer_process.SMALL_PENDING_ROWS). A trace read through a pipe
+        (no count) is written as before."""
+        expected = self.expected
+        if (expected is not None and expected > 0 and self.taken < LATE_FROM * expected
+                and self.rows_pending < SMALL_PENDING_ROWS and not self.large()):
+            return max(self.every, self.most)
+        return self.every
 
     def fail(self, exc: BaseException) -> None:
         self.failed = True
