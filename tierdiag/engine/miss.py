@@ -158,9 +158,14 @@ class MissTracker:
 
     def __init__(self, ps: int) -> None:
         self.ps = ps  # page size: a request's keys are its input's full pages (then, at finish, output's)
-        self._batch_ns: int | None = None
+        # the batch's time (-1: none yet; the engine's times are >= 0). An int and the first
+        # request's fields each their own, not Optional and a tuple: compiled, a native compare
+        # and stores, where the Optional's compare was generic and the tuple boxed both ints
+        # (~2 M instructions of a probed conversation replay, issue 41 session 36)
+        self._batch_ns: int = -1
         self._batch_keys: Any = new_batch_pages()  # the batch's members, once a second request joins it
-        self._batch_first: tuple[Any, int, int] | None = None  # the batch's first request (its key run), until a second joins
+        self._first_keys: Any = None  # the batch's first request's keys (its key run), until a second joins
+        self._first_lo = self._first_hi = 0  # its first_page, end_page
         self._read: dict[int, list[tuple[int, int]]] = {}  # seq -> page ranges its prefetches inserted
 
     def prefetched(self, seq: int, first_page: int, end_page: int) -> None:
@@ -203,16 +208,16 @@ class MissTracker:
         are kept as (keys, first, end) and made a member only when a second request joins (a set
         a batch was ~6 % of a probed Engine.run, issue 41)."""
         if now != self._batch_ns:
-            self._batch_ns, self._batch_first = now, (req.keys, first_page, end_page)
+            self._batch_ns, self._first_keys = now, req.keys
+            self._first_lo, self._first_hi = first_page, end_page
             return
         batch = self._batch_keys
-        first = self._batch_first
-        if first is not None:
-            first_keys, lo, hi = first
+        first_keys: Any = self._first_keys
+        if first_keys is not None:
             batch.clear()
-            lo, hi = _span(len(first_keys), lo, hi)
+            lo, hi = _span(len(first_keys), self._first_lo, self._first_hi)
             batch.add(first_keys, lo, hi)
-            self._batch_first = None
+            self._first_keys = None
         # the others count their pages that a member ahead of them computes (by the key chains:
         # a compare or two a member, new_batch_pages), then join the members: one call
         keys: Any = req.keys  # a key run (array("q")) or a list
