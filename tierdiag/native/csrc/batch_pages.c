@@ -220,26 +220,23 @@ bp_count(BatchPages *bp, const int64_t *k, Py_ssize_t lo, Py_ssize_t hi)
     return found;
 }
 
-/* count_add(keys, lo, count_hi, add_hi): the pages lo..count_hi-1 of `keys` an earlier member
- * holds with the same key, then keys[lo:add_hi] kept as a member. */
+/* The pages lo..count_hi-1 of `keys` an earlier member holds with the same key (none counted
+ * where `count_o` is NULL: count_hi = lo), then keys[lo:add_hi] kept as a member: the count, or
+ * NULL with an exception (the members unchanged). */
 static PyObject *
-bp_count_add(BatchPages *bp, PyObject *const *args, Py_ssize_t nargs)
+bp_join(BatchPages *bp, PyObject *keys, PyObject *lo_o, PyObject *count_o, PyObject *add_o, const char *name)
 {
     BpKeys kk;
-    Py_ssize_t lo, count_hi, add_hi, found;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "BatchPages.count_add takes keys, lo, count_hi, add_hi");
+    Py_ssize_t lo, count_hi = 0, add_hi, found;
+    if (bp_keys(keys, name, &kk) < 0) {
         return NULL;
     }
-    if (bp_keys(args[0], "count_add", &kk) < 0) {
-        return NULL;
-    }
-    if (bp_bound(args[1], kk.n, "count_add", &lo) < 0 || bp_bound(args[2], kk.n, "count_add", &count_hi) < 0
-        || bp_bound(args[3], kk.n, "count_add", &add_hi) < 0) {
+    if (bp_bound(lo_o, kk.n, name, &lo) < 0 || (count_o != NULL && bp_bound(count_o, kk.n, name, &count_hi) < 0)
+        || bp_bound(add_o, kk.n, name, &add_hi) < 0) {
         bp_keys_release(&kk);
         return NULL;
     }
-    found = bp_count(bp, kk.k, lo, count_hi);
+    found = count_o != NULL ? bp_count(bp, kk.k, lo, count_hi) : 0;
     if (bp_keep(bp, kk.k, lo, add_hi) < 0) {
         bp_keys_release(&kk);
         return NULL;
@@ -248,25 +245,31 @@ bp_count_add(BatchPages *bp, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(found);
 }
 
+/* count_add(keys, lo, count_hi, add_hi): the pages lo..count_hi-1 of `keys` an earlier member
+ * holds with the same key, then keys[lo:add_hi] kept as a member. */
+static PyObject *
+bp_count_add(BatchPages *bp, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "BatchPages.count_add takes keys, lo, count_hi, add_hi");
+        return NULL;
+    }
+    return bp_join(bp, args[0], args[1], args[2], args[3], "count_add");
+}
+
 /* add(keys, lo, hi): keys[lo:hi] kept as a member. */
 static PyObject *
 bp_add(BatchPages *bp, PyObject *const *args, Py_ssize_t nargs)
 {
-    BpKeys kk;
-    Py_ssize_t lo, hi;
+    PyObject *none;
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "BatchPages.add takes keys, lo, hi");
         return NULL;
     }
-    if (bp_keys(args[0], "add", &kk) < 0) {
+    if ((none = bp_join(bp, args[0], args[1], NULL, args[2], "add")) == NULL) {
         return NULL;
     }
-    if (bp_bound(args[1], kk.n, "add", &lo) < 0 || bp_bound(args[2], kk.n, "add", &hi) < 0
-        || bp_keep(bp, kk.k, lo, hi) < 0) {
-        bp_keys_release(&kk);
-        return NULL;
-    }
-    bp_keys_release(&kk);
+    Py_DECREF(none);
     Py_RETURN_NONE;
 }
 
