@@ -247,3 +247,26 @@ def change_tree(tree, o: tuple, slots) -> None:
     else:
         getattr(tree, method)(n)
 
+
+
+_CHAIN_FIRST = (-(2**63), 2**63 - 1, 0, -1, 1, 2**62)  # the first keys handed out: int64's edges
+
+
+def chained_keys(paths: list[list[int]]) -> list[list[int]]:
+    """Page keys that chain as trace/pages.py's do, for requests given as paths of branch
+    choices (small ints): two requests hold the same key at page i exactly when their paths
+    agree up to i, and a key is never met at another page. Keys are distinct int64s spread
+    over the whole range, int64's edges first."""
+    ids: dict[tuple, int] = {}
+    out = []
+    for path in paths:
+        keys = []
+        for i in range(len(path)):
+            prefix = tuple(path[:i + 1])
+            if prefix not in ids:
+                n = len(ids)
+                ids[prefix] = (_CHAIN_FIRST[n] if n < len(_CHAIN_FIRST)
+                               else ((n * 0x9E3779B97F4A7C15) % 2**64) - 2**63)
+            keys.append(ids[prefix])
+        out.append(keys)
+    return out

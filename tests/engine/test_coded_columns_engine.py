@@ -127,3 +127,62 @@ def test_a_fresh_object_a_row_is_never_taken_for_another(module, picks, takes):
         fresh += 2 if a else 1
         nones += 0 if a else 1
     took()
+
+
+def _scan_codes(rows, columns: int):
+    """The codes `_code` gave before it compared its last hit first (session 35): a column's
+    kept values scanned slot by slot (the first that is the value, by identity), else the next
+    code, the dictionary appended and the slots taken in turn."""
+    dictionary: list = []
+    slots = [[None] * emitters._RECENT for _ in range(columns)]
+    codes = []
+    for row in rows:
+        got = []
+        for c, value in enumerate(row):
+            for kept in slots[c]:
+                if kept is not None and kept[0] is value:
+                    got.append(kept[1])
+                    break
+            else:
+                code = len(dictionary)
+                dictionary.append(value)
+                slots[c][code % emitters._RECENT] = (value, code)
+                got.append(code)
+        codes.append(tuple(got))
+    return dictionary, codes
+
+
+@pytest.mark.parametrize("module", MODULES)
+@given(runs=st.lists(st.tuples(st.integers(0, len(_POOL) - 1), st.integers(0, len(_POOL) - 1),
+                               st.integers(1, 6)), max_size=30),
+       takes=st.sets(st.integers(0, 30), max_size=3))
+@settings(max_examples=80, deadline=None)
+def test_the_codes_are_the_scans_whatever_slot_was_hit_last(module, runs, takes):
+    """The codes themselves: runs of one value, values alternating, more than a column keeps,
+    one object in both columns, takes between: the codes of every row and the dictionary are
+    those of a slot-by-slot scan of the column's kept values (what any faster search of them,
+    e.g. the last hit's slot first, tried in session 36, must keep)."""
+    import numpy as np
+
+    cols = module.EvictionColumns([], _counter())
+    rows: list[tuple] = []
+
+    def took() -> None:
+        hand = cols.take()
+        names, block = hand["ints"]
+        ints = np.frombuffer(block, dtype=np.int64).reshape(hand["n"], len(names)) if hand["n"] else None
+        dictionary, codes = _scan_codes(rows, 2)
+        assert hand["coded"] == (emitters.EVICTION_CODED, dictionary)
+        got = [] if ints is None else [tuple(int(v) for v in row[-2:]) for row in ints]
+        assert got == codes
+
+    i = 0
+    for j, (t, a, repeat) in enumerate(runs):
+        if j in takes:
+            took()
+            rows = []
+        for _ in range(repeat):
+            rows.append((_POOL[t], _POOL[a]))
+            _add(cols, i, _POOL[t], _POOL[a], None, None)
+            i += 1
+    took()

@@ -84,7 +84,7 @@ def test_every_pair_takes_the_side_the_facade_chose():
         "storage.index": storage.new_index,
         "recorder.row_buffer": recorder.new_row_buffer,
         "recorder.tick": recorder.new_ticker,
-        "miss.key_set": miss.new_key_set,
+        "miss.batch_pages": miss.new_batch_pages,
         "tree.common_pages": tree.common_pages,
         "deployment.ranks_json": deployment.ranks_json,
         "decode.decode_steps": decode.decode_steps,
@@ -718,43 +718,6 @@ def test_the_compiled_ticker_refuses_what_the_recorder_never_passes():
         make((), 1, print)(1)
 
 
-# Page keys as the engine makes them (ints within int64, many repeats), and what a hostile list
-# could hold: ints past int64 either way, floats equal to an int, bools, str, NaN, None.
-_PAGE_KEY = st.one_of(st.integers(min_value=-3, max_value=40), st.integers(min_value=-(2**63), max_value=2**63 - 1),
-                      st.sampled_from([2**63, -(2**63) - 1, 2**64 + 5, 1.0, 3.0, 0.5, float("nan"), True, False,
-                                       "k", "\u00e9\x00", None]))
-
-
-@settings(max_examples=150, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["add", "count", "clear"]),
-                              st.lists(_PAGE_KEY, max_size=40), st.integers(-5, 45), st.integers(-5, 45),
-                              st.booleans()), max_size=30))
-def test_the_compiled_page_key_set_counts_what_a_python_set_counts(ops):
-    """_cplane.PageKeySet and miss._KeySetPy (pair miss.key_set: a prefill batch's page keys,
-    MissTracker.scheduled): the same adds, counts and clears, keys from a list or a tuple,
-    bounds clamped as a slice reads them (miss._span), give the same counts and lengths; an
-    odd key (a big int, a float equal to an int, a bool, a str, NaN) switches the compiled
-    set to Python's equality and it still agrees, from then on too."""
-    if cplane.C is None:
-        pytest.skip(f"_cplane: {cplane.WHY_NOT}")
-    compiled, reference = cplane.pairs()["miss.key_set"]
-    c, py, plain = compiled(), reference(), set()
-    for op, keys, lo, hi, as_tuple in ops:
-        seq = tuple(keys) if as_tuple else keys
-        lo, hi = miss._span(len(seq), lo, hi)
-        assert seq[lo:hi] == (tuple(keys) if as_tuple else keys)[lo:hi]
-        if op == "add":
-            c.add(seq, lo, hi), py.add(seq, lo, hi)
-            plain.update(seq[lo:hi])
-        elif op == "count":
-            want = sum(k in plain for k in seq[lo:hi])
-            assert c.count(seq, lo, hi) == py.count(seq, lo, hi) == want
-        else:
-            c.clear(), py.clear()
-            plain.clear()
-        assert len(c) == len(py) == len(plain)
-
-
 @settings(max_examples=80, deadline=None)
 @given(n=st.integers(0, 30), lo=st.integers(-40, 40), hi=st.integers(-40, 40))
 def test_span_reads_bounds_as_a_slice_does(n, lo, hi):
@@ -762,42 +725,6 @@ def test_span_reads_bounds_as_a_slice_does(n, lo, hi):
     seq = list(range(n))
     a, b = miss._span(n, lo, hi)
     assert 0 <= a <= b <= n and seq[a:b] == seq[lo:hi]
-
-
-def test_the_compiled_page_key_set_refuses_what_miss_never_passes():
-    """Bounds outside 0..len(keys), keys not a list or tuple, wrong arity: TypeError or
-    ValueError naming the call, the set unchanged."""
-    if cplane.C is None:
-        pytest.skip(f"_cplane: {cplane.WHY_NOT}")
-    ks = cplane.C.PageKeySet()
-    ks.add([1, 2, 3], 0, 3)
-    for args, exc in ((([1], -1, 1), ValueError), (([1], 0, 2), ValueError), (({1}, 0, 1), TypeError),
-                      ((range(3), 0, 1), TypeError), (([1], "0", 1), TypeError), (([1], 0, 2**70), OverflowError),
-                      (([1], 0), TypeError)):
-        with pytest.raises(exc):
-            ks.add(*args)
-        with pytest.raises(exc):
-            ks.count(*args)
-    assert len(ks) == 3 and ks.count([1, 2, 3, 4], 0, 4) == 3
-    with pytest.raises(TypeError):
-        cplane.C.PageKeySet(1)
-
-
-def test_the_compiled_page_key_set_grows_and_clears_past_its_first_table():
-    """Past its first table (1,024 slots, half full), growing rehashes every key; a clear
-    forgets them all at once; many clears (the generation stamps) keep it exact."""
-    if cplane.C is None:
-        pytest.skip(f"_cplane: {cplane.WHY_NOT}")
-    ks = cplane.C.PageKeySet()
-    keys = [k * 7919 - 2**62 for k in range(5000)]
-    ks.add(keys, 0, 5000)
-    assert len(ks) == 5000 and ks.count(keys, 0, 5000) == 5000 and ks.count([k + 1 for k in keys], 0, 5000) == 0
-    for round_ in range(3000):
-        ks.clear()
-        ks.add(keys, round_ % 50, round_ % 50 + 3)
-        assert len(ks) == 3 and ks.count(keys, 0, 5000) == 3
-    ks.clear()
-    assert len(ks) == 0 and ks.count(keys, 0, 5000) == 0
 
 
 @pytest.mark.skipif(cplane.compiled("move") is None, reason="the C data plane is not built")
@@ -848,7 +775,7 @@ class _Int(int):
 
 
 # cplane.h's cp_small_int (the in-place read all three callers share: module.c's page lists,
-# rows.c's row values, keyset.c's keys) on the edges of each layout's fast path: one 30-bit digit
+# rows.c's row values, batch_pages.c's keys) on the edges of each layout's fast path: one 30-bit digit
 # (3.12's compact ints), two, three with the top digit < 8 (|v| < 2^63), -2^63 (the call's), past
 # int64; bools and int subclasses; each with its neighbours.
 _EDGE_INTS = sorted({s * m + d for m in (0, 1, 2**30, 2**60, 2**62, 2**63, 2**64) for s in (1, -1)
@@ -887,27 +814,6 @@ def test_a_row_buffer_gives_back_every_hostile_int_with_its_type():
         buf.append(row)
     cols = tuple(columns_of(("a", "b", "c"), buf.take()).values())
     assert _exactly(zip(*cols)) == _exactly(rows)
-
-
-@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
-@pytest.mark.parametrize("as_tuple", [False, True])
-def test_the_page_key_set_tells_every_hostile_int_from_its_neighbours(as_tuple):
-    """keyset.c's ks_int (a key) on the same ints, against miss._KeySetPy and a Python set: a key
-    added is found and its neighbours are not, first on the compiled table (exact ints within
-    int64 only), then after an odd key (a bool, a subclass, a big int) switched it to Python's set."""
-    compiled, reference = cplane.pairs()["miss.key_set"]
-    exact = [v for v in _EDGE_INTS if _in_int64(v)]
-    odd = [v for v in _HOSTILE_INTS if type(v) is not int or not _in_int64(v)]
-    for added in (exact, exact + odd):
-        c, py = compiled(), reference()
-        seq = tuple(added) if as_tuple else list(added)
-        c.add(seq, 0, len(seq)), py.add(seq, 0, len(seq))
-        plain = set(added)
-        assert len(c) == len(py) == len(plain)
-        probes = [w for v in _HOSTILE_INTS for w in (v, v + 1, v - 1)]
-        for w in probes:
-            assert c.count([w], 0, 1) == py.count([w], 0, 1) == (w in plain), w
-        assert c.count(probes, 0, len(probes)) == sum(w in plain for w in probes)
 
 
 # --- session 19 (issue 41): the pools' and the page map's C bases, the output keys, the key list --

@@ -139,3 +139,22 @@ def test_invariants_hold_for_any_workload(reqs, cfg, tmp_path_factory):
     assert again.records == probe.records
     assert [(e.node_id, e.action, e.cause_req_id, e.t_ns) for e in again.evictions] == \
            [(e.node_id, e.action, e.cause_req_id, e.t_ns) for e in probe.evictions]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reqs=workloads(), cfg=configs())
+def test_an_eviction_row_reads_its_pool_at_its_moment(reqs, cfg, tmp_path_factory):
+    """The eviction loops hand their read of the pool's free pages to the victim's row where
+    nothing was allocated or freed in that pool since (issue 41, session 36: a generic
+    attribute read a row less); with a hook on the controller (`on_eviction`) every row reads
+    the pool itself, as before. The rows are the same either way, write-backs, host pressure,
+    subtrees and storage included."""
+    tmp_path = tmp_path_factory.mktemp("evrow")
+    _, handed = replay(reqs, cfg, tmp_path, "handed")
+    probe = Collect()
+    cfg_b = cfg if not cfg.storage_tokens else type(cfg)(**{**cfg.__dict__, "storage_dir": str(tmp_path / "read")})
+    engine = Engine(cfg_b, probe=probe)
+    for rank in engine.ranks:
+        rank.ctrl.on_eviction = lambda node, tier, action: None
+    engine.run(numbered(reqs))
+    assert probe.evictions == handed.evictions

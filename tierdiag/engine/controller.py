@@ -311,11 +311,14 @@ class CacheController:
         return self.cost.copy_ns(nbytes, pages, to_device=to_device, runs=runs)
 
     def record_eviction(self, node: TreeNode, tier: str, action: str, cause: str | None, now_ns: int,
-                        key: str) -> int:
+                        key: str, free: int = -1) -> int:
         """An eviction's id, counts and row; `key` is EngineStats.evictions' `tier/action` (one of
-        the module's made-once keys)."""
+        the module's made-once keys). `free`: the tier's pool's free pages as the eviction loop
+        read them, nothing allocated or freed in that pool since (its row's used tokens are
+        capacity - free at this moment); -1: read here."""
         if self.on_eviction is not None:
             self.on_eviction(node, tier, action)
+            free = -1  # (a test's hook: whatever it did, the pool is read at the row)
         eid = self._next_eviction
         self._next_eviction += self.id_step
         # (the tokens a tier lost are the rows' sum: a per-tier dict of them, which nothing read,
@@ -333,7 +336,8 @@ class CacheController:
             # free declared int: native arithmetic, not PyNumber_Subtract/_Multiply on objects.
             # The capacity is fixed: read once in __init__ (a generic attribute read a row was
             # ~200 instructions), its tokens boxed once (issue 41 session 22)
-            free: int = self.device.free_pages if on_device else self.host.free_pages
+            if free < 0:  # (the pool's count is a generic attribute read compiled, ~170 instructions)
+                free = self.device.free_pages if on_device else self.host.free_pages
             capacity = self.device_capacity if on_device else self.host_capacity
             ps = self.page_size
             cols = self.emit.eviction_columns
@@ -381,18 +385,22 @@ class CacheController:
                 continue
             if kept and node in kept:
                 continue  # declined already (its write-back's unlock pushed it back)
+            # the device's free pages for the victim's row: free_now, unless a write-back ran
+            # (it allocates and may evict on host: read at the row, as before)
+            row_free = free_now
             if node.host is None and write_back:
+                row_free = -1
                 # (the write-back's outcome, not `node.host` again: a compiled build keeps the
                 # attribute narrowed to None in this branch)
                 if not self._write_back(node, cause, now_ns) and decline and self._pinned_subtree(node):
                     kept.append(node)  # drop_subtree_no_host declined: it stays on device
                     continue
             if node.host is not None:
-                eid = self.record_eviction(node, _DEVICE, _DEMOTE, cause, now_ns, _DEVICE_DEMOTE)
+                eid = self.record_eviction(node, _DEVICE, _DEMOTE, cause, now_ns, _DEVICE_DEMOTE, row_free)
                 node.evicted_by = eid
                 self.dev_free(self.tree.demote(node))
             else:
-                self._remove(node, cause, now_ns)
+                self._remove(node, cause, now_ns, row_free, -1)
         for node in kept:  # still device leaves: the next eviction's candidates again
             self.tree._push_device(node)
         # (the loop's last read of the pool's count, a generic attribute read compiled: nothing
@@ -426,18 +434,21 @@ class CacheController:
             stack.extend(cur.children.values())
         return False
 
-    def _remove(self, node: TreeNode, cause: str | None, now_ns: int) -> None:
+    def _remove(self, node: TreeNode, cause: str | None, now_ns: int, device_free: int = -1,
+                host_free: int = -1) -> None:
         """Take a node out of the tree with every node below it (those are host-only: device
         residency is root-connected), recording each: a device node is dropped, a host-only
-        node deleted."""
+        node deleted. `device_free` / `host_free`: that pool's free pages as the caller's loop
+        read them, nothing allocated or freed in it since (-1: read at the row)."""
         if node.children:  # (most victims are leaves: no list made of no children)
+            device_free = host_free = -1  # (their frees come before the node's row)
             for child in list(node.children.values()):
                 self._remove(child, cause, now_ns)
         on_device = node.device is not None
         if on_device:
-            eid = self.record_eviction(node, _DEVICE, _DROP, cause, now_ns, _DEVICE_DROP)
+            eid = self.record_eviction(node, _DEVICE, _DROP, cause, now_ns, _DEVICE_DROP, device_free)
         else:
-            eid = self.record_eviction(node, _HOST, _DELETE, cause, now_ns, _HOST_DELETE)
+            eid = self.record_eviction(node, _HOST, _DELETE, cause, now_ns, _HOST_DELETE, host_free)
         self._forget(node, eid)
         device_slots, host_slots = self.tree.delete(node)
         if device_slots:  # (a free of nothing changes nothing: one call into the pool less)
@@ -477,7 +488,7 @@ class CacheController:
             node = self.tree.pop_host_victim()
             if node is None:
                 return free_now >= pages_needed  # (popping no victim frees nothing)
-            self._remove(node, cause, now_ns)
+            self._remove(node, cause, now_ns, -1, free_now)
 
     def _reclaim_duplicates(self, target: int, cause: str | None, now_ns: int) -> None:
         """UnifiedTreeCore._reclaim_full_host_duplicates (0.5.23): walk the registered duplicates

@@ -64,46 +64,75 @@ class MissFacts(NamedTuple):
     prefetch_lost_pages: int = 0  # pages its own prefetch read into host, gone from the tree at scheduling
 
 
-class _KeySetPy:
-    """A set of page keys (the reference of _cplane.PageKeySet, which keeps int64 keys in a C
-    table: a Python set of the keys was ~30k instructions a request of a probed Engine.run,
-    issue 41). `keys` a list or tuple, 0 <= lo, hi <= len(keys) (`_span`)."""
+class _BatchPagesPy:
+    """A prefill batch's members, each a window of its page keys (the reference of
+    _cplane.BatchPages, native/csrc/batch_pages.c, step for step). `keys` a list, a tuple or a
+    key run of ints, 0 <= lo, hi <= len(keys) (`_span`).
+
+    Page keys chain (trace/pages.py; the radix tree's `common_pages` reads them so): two
+    requests hold the same key only at the same page, with every page before it the same. A
+    page is counted when a member's window holds it with the same key; within the pages a
+    member and the counted range both cover, the matching ones are a prefix, found by the first
+    page, the last, then halving. On chained keys that is exactly what a set of the batch's
+    keys counted (the engine's until session 36: a hash and a probe a key of every member,
+    ~25 M instructions of a probed conversation replay, issue 41); here a member is a compare
+    or two."""
 
     def __init__(self) -> None:
-        self._keys: set = set()
+        self._members: list[tuple[list, int, int]] = []  # (keys[lo:hi], lo, hi)
 
     def add(self, keys: Any, lo: int, hi: int) -> None:
-        """keys[lo:hi] into the set."""
-        self._keys.update(keys[lo:hi])
-
-    def count(self, keys: Any, lo: int, hi: int) -> int:
-        """How many of keys[lo:hi] are in the set."""
-        return sum(map(self._keys.__contains__, keys[lo:hi]))
+        """keys[lo:hi] kept as a member computing pages lo..hi-1."""
+        if hi > lo:
+            self._members.append((list(keys[lo:hi]), lo, hi))
 
     def count_add(self, keys: Any, lo: int, count_hi: int, add_hi: int) -> int:
-        """count(keys, lo, count_hi), then add(keys, lo, add_hi): the count."""
-        found = self.count(keys, lo, count_hi)
+        """The pages lo..count_hi-1 of `keys` an earlier member holds with the same key, then
+        keys[lo:add_hi] kept as a member."""
+        spans = []
+        for window, m_lo, m_hi in self._members:
+            s = m_lo if m_lo > lo else lo
+            e = m_hi if m_hi < count_hi else count_hi
+            if s >= e or window[s - m_lo] != keys[s]:
+                continue
+            if window[e - 1 - m_lo] != keys[e - 1]:  # s matches, e - 1 does not: the last that matches
+                yes, no = s, e - 1
+                while no - yes > 1:
+                    mid = yes + (no - yes) // 2
+                    if window[mid - m_lo] == keys[mid]:
+                        yes = mid
+                    else:
+                        no = mid
+                e = yes + 1
+            spans.append((s, e))
+        found = end = 0
+        for s, e in sorted(spans):  # their union, by first page
+            s = s if s > end else end
+            if e > s:
+                found += e - s
+                end = e
         self.add(keys, lo, add_hi)
         return found
 
     def clear(self) -> None:
-        self._keys.clear()
+        self._members.clear()
 
     def __len__(self) -> int:
-        return len(self._keys)
+        """The pages the members hold, together."""
+        return sum(hi - lo for _, lo, hi in self._members)
 
 
-def _key_set_c() -> Any:
-    return cplane.compiled("PageKeySet")()
+def _batch_pages_c() -> Any:
+    return cplane.compiled("BatchPages")()
 
 
-def _key_set_py() -> Any:
-    return _KeySetPy()
+def _batch_pages_py() -> Any:
+    return _BatchPagesPy()
 
 
-# A batch's page keys: the compiled data plane's int64 table, else the Python set (pair
-# "miss.key_set", tests/engine/test_cplane.py holds them to the same counts).
-new_key_set = cplane.choose("miss.key_set", _key_set_c, _key_set_py)
+# A batch's members' page keys: the compiled data plane's int64 windows, else the Python
+# reference (pair "miss.batch_pages", tests/engine/test_batch_pages.py holds them to the same counts).
+new_batch_pages = cplane.choose("miss.batch_pages", _batch_pages_c, _batch_pages_py)
 
 
 def _span(n: int, lo: int, hi: int) -> tuple[int, int]:
@@ -129,9 +158,14 @@ class MissTracker:
 
     def __init__(self, ps: int) -> None:
         self.ps = ps  # page size: a request's keys are its input's full pages (then, at finish, output's)
-        self._batch_ns: int | None = None
-        self._batch_keys: Any = new_key_set()  # the batch's pages, once a second request joins it
-        self._batch_first: tuple[Any, int, int] | None = None  # the batch's first request (its key run), until a second joins
+        # the batch's time (-1: none yet; the engine's times are >= 0). An int and the first
+        # request's fields each their own, not Optional and a tuple: compiled, a native compare
+        # and stores, where the Optional's compare was generic and the tuple boxed both ints
+        # (~2 M instructions of a probed conversation replay, issue 41 session 36)
+        self._batch_ns: int = -1
+        self._batch_keys: Any = new_batch_pages()  # the batch's members, once a second request joins it
+        self._first_keys: Any = None  # the batch's first request's keys (its key run), until a second joins
+        self._first_lo = self._first_hi = 0  # its first_page, end_page
         self._read: dict[int, list[tuple[int, int]]] = {}  # seq -> page ranges its prefetches inserted
 
     def prefetched(self, seq: int, first_page: int, end_page: int) -> None:
@@ -171,22 +205,21 @@ class MissTracker:
         match again) that a request ahead of it in this batch computes is shared in the batch.
 
         The batch's first request shares nothing, and most batches have one request: its pages
-        are kept as (keys, first, end) and made a set only when a second request joins (a set a
-        batch was ~6 % of a probed Engine.run, issue 41)."""
+        are kept as (keys, first, end) and made a member only when a second request joins (a set
+        a batch was ~6 % of a probed Engine.run, issue 41)."""
         if now != self._batch_ns:
-            self._batch_ns, self._batch_first = now, (req.keys, first_page, end_page)
+            self._batch_ns, self._first_keys = now, req.keys
+            self._first_lo, self._first_hi = first_page, end_page
             return
         batch = self._batch_keys
-        first = self._batch_first
-        if first is not None:
-            first_keys, lo, hi = first
+        first_keys: Any = self._first_keys
+        if first_keys is not None:
             batch.clear()
-            lo, hi = _span(len(first_keys), lo, hi)
+            lo, hi = _span(len(first_keys), self._first_lo, self._first_hi)
             batch.add(first_keys, lo, hi)
-            self._batch_first = None
-        # the others count a page a key, each key looked up in the batch's set (new_key_set),
-        # then put their own in: one call, each key of a key run probed once (count then add
-        # probed it twice: ~2 M instructions of 1,500 requests, issue 41 session 23)
+            self._first_keys = None
+        # the others count their pages that a member ahead of them computes (by the key chains:
+        # a compare or two a member, new_batch_pages), then join the members: one call
         keys: Any = req.keys  # a key run (array("q")) or a list
         n = len(keys)
         lo, count_hi = _span(n, first_page, req.input_len // self.ps)

@@ -12,7 +12,7 @@
  *   rows.c           the recorder's RowBuffer (probes/recorder.py) and its decoder into Arrow
  *                    buffers (store/writer.py)
  *   ticker.c         the recorder's tick (probes/recorder.py: FlushTicker)
- *   keyset.c         a prefill batch's page keys (engine/miss.py: PageKeySet)
+ *   batch_pages.c    a prefill batch's members' page keys (engine/miss.py: BatchPages)
  *   router.c         a deployment's arrival text, every rank's share of the prefix
  *                    (engine/deployment.py: ranks_json), and a rank's plain decode steps
  *                    run ahead (engine/decode.py: decode_steps)
@@ -74,8 +74,10 @@
  * 27: LruHeap, lru_push, lru_pop, lru_fresh (the radix tree's lru heaps as C structs, lru_heap.c;
  *     session 31, h41core15).
  * 28: text_column (an object column of str and None as an Arrow string array's buffers, handed
- *     over out of band; session 34, h44rec). */
-#define CPLANE_API 28
+ *     over out of band; session 34, h44rec).
+ * 29: BatchPages replaces PageKeySet (a prefill batch's shared pages from its members' key chains,
+ *     a compare or two a member, no hash set of their keys; session 36, h46miss). */
+#define CPLANE_API 29
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -84,7 +86,7 @@
 #define CP_HIDDEN __attribute__((visibility("hidden")))
 
 /* ------------------------------------------------------------------------------------------ */
-/* A small int read in place (module.c's page lists, rows.c's row values, keyset.c's keys)      */
+/* A small int read in place (module.c's page lists, rows.c's row values, batch_pages.c's keys) */
 
 /* An int's value read from the object itself, no call: 1 and *x set when the layout is one this
  * build knows and the value fits in int64 with room to spare, else 0 and the caller asks
@@ -176,7 +178,7 @@ CP_HIDDEN extern PyTypeObject cp_PageWriterType;   /* storage_io.c */
 CP_HIDDEN extern PyTypeObject cp_RowBufferType;    /* rows.c */
 CP_HIDDEN Py_ssize_t cp_row_buffer_rows(PyObject *rb); /* rows.c: a RowBuffer's rows (its len) */
 CP_HIDDEN extern PyTypeObject cp_FlushTickerType;  /* ticker.c */
-CP_HIDDEN extern PyTypeObject cp_PageKeySetType;   /* keyset.c */
+CP_HIDDEN extern PyTypeObject cp_BatchPagesType;   /* batch_pages.c */
 CP_HIDDEN extern PyTypeObject cp_SlotCoreType;     /* pages.c */
 CP_HIDDEN extern PyTypeObject cp_MapCoreType;      /* pagemap.c */
 CP_HIDDEN extern PyTypeObject cp_RouterTreeType;   /* approx_tree.c */

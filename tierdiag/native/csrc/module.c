@@ -354,8 +354,8 @@ PyInit__cplane(void)
         PyModule_AddObjectRef(m, "RowBuffer", (PyObject *)&cp_RowBufferType) < 0 ||
         PyType_Ready(&cp_FlushTickerType) < 0 ||
         PyModule_AddObjectRef(m, "FlushTicker", (PyObject *)&cp_FlushTickerType) < 0 ||
-        PyType_Ready(&cp_PageKeySetType) < 0 ||
-        PyModule_AddObjectRef(m, "PageKeySet", (PyObject *)&cp_PageKeySetType) < 0 ||
+        PyType_Ready(&cp_BatchPagesType) < 0 ||
+        PyModule_AddObjectRef(m, "BatchPages", (PyObject *)&cp_BatchPagesType) < 0 ||
         PyType_Ready(&cp_SlotCoreType) < 0 ||
         PyModule_AddObjectRef(m, "SlotCore", (PyObject *)&cp_SlotCoreType) < 0 ||
         PyType_Ready(&cp_MapCoreType) < 0 ||
