@@ -517,10 +517,11 @@ class Deployment:
         held = [sched.tree.peek(matchable) for sched in self.ranks]
         gateway = self.gateway
         in_flight = gateway.in_flight
-        decision = gateway.route(view, now)
-        # (an int: the rank's scheduler taken from the typed list and its _arrive called natively;
-        # the decision's field is Any to mypyc, and an Any index made both generic, ~12k a replay)
-        rank: int = decision.rank
+        # RouteDecision's fields in order, read by position (a plain tuple where cache_aware's head
+        # decided: no RouteDecision built, no field read by name; routing/gateway.py)
+        decision: tuple = gateway.route_fields(view, now)
+        # (an int: the rank's scheduler taken from the typed list and its _arrive called natively)
+        rank: int = decision[0]
         self.in_flight[t.seq] = (rank, view)
         if t.session is not None:
             self.session_rank[t.session] = rank
@@ -530,18 +531,24 @@ class Deployment:
             if d + h > best_total:
                 best, best_total = r, d + h
         # (the data plane's C where compiled: ~45,000 instructions an arrival at --dp 8 in f-strings)
-        text = ranks_json(held, in_flight, decision.scores, ps)
+        text = ranks_json(held, in_flight, decision[6], ps)  # (RouteDecision.scores)
         own_d, own_h = held[rank]
         best_d, best_h = held[best]
-        # Route's fields in order (records.py reads them by position), built as _make builds it
-        route: Route = _new_tuple(Route, (decision.branch, decision.reason, decision.score, decision.score_name,
+        # Route's fields in order (records.py reads them by position), built as _make builds it;
+        # RouteDecision's branch, reason, score and score_name first
+        route: Route = _new_tuple(Route, (decision[2], decision[3], decision[4], decision[5],
                                           own_d * ps, own_h * ps, best, best_d * ps, best_h * ps, text))
         self.ranks[rank]._arrive(t, now, trace_ns, think_ms, keys_np, route)
 
     def _leave(self, req: Req, now: int) -> None:
         """A request left its rank (finished, or rejected there): the gateway stops counting it."""
-        entry = self.in_flight.pop(req.seq, None)
+        in_flight = self.in_flight
+        seq = req.seq
+        # (get and del: native dict calls; pop with a default was a generic method call, ~400
+        # instructions a request at --dp 8)
+        entry = in_flight.get(seq)
         if entry is not None:
+            del in_flight[seq]
             rank, view = entry
             self.gateway.finish(rank, view, now)
 
