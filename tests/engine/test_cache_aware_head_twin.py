@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.engine.helpers import source_twin
+from tests.engine.test_cache_aware_decide import _keys  # (a request's prefix-chained keys by family and path)
 from tierdiag.engine import compiled
 from tierdiag.engine.routing import Gateway, RanksView, RequestView, RouterConfig, make_router
 from tierdiag.engine.routing import approx_tree
@@ -42,14 +43,6 @@ _config = st.fixed_dictionaries({
     "router_balance_rel_threshold": st.one_of(st.sampled_from([1.5, 1, 3, 5e-324]), st.floats(1e-9, 1e6)),
     "router_max_tree_tokens": st.sampled_from([1, 3 * PS, 2**26]),
 })
-
-
-def _keys(family: int, path: list[int]) -> list[int]:
-    keys, key = [], family + 1
-    for branch in path:
-        key = key * 4 + branch + 1
-        keys.append(key)
-    return keys
 
 
 def _ticks(tree, n: int) -> list:
