@@ -1,10 +1,11 @@
 """cache_aware's decision made at once (routing/approx_tree.py `cache_aware_decide`, compiled with
 the tree) against CacheAwareRouter.route's own body, the reference (issue 41, session 27).
 
-The router takes the one call when its tree is an `ApproxTree` and its miss rule one of the two
-known; any other tree (the reference `ApproxTreeByKey`), or `decide_at_once = False`, runs the
-route's own body. Both must choose the same rank, for the same reason text, with the same scores
-and leave the same tree, on any stream: loads given by hand (imbalanced, idle, huge), thresholds
+The router takes the one call (through its compiled head, approx_tree.CacheAwareHead, session 36)
+when its tree is an `ApproxTree` and its miss rule one of the two known; any other tree (the
+reference `ApproxTreeByKey`), or `decide_at_once = False`, runs the route's own body. Both must
+choose the same rank, for the same reason text, with the same scores and leave the same tree, on
+any stream: loads given by hand (imbalanced, idle, huge), thresholds
 at their edges and of either number type, both miss rules, evictions due often.
 """
 
@@ -16,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierdiag.engine.routing import RanksView, RequestView, RouterConfig, make_router
-from tierdiag.engine.routing.approx_tree import ApproxTree, ApproxTreeByKey, cache_aware_decide
+from tierdiag.engine.routing.approx_tree import ApproxTree, ApproxTreeByKey
 from tierdiag.engine.routing.router_tree import NativeApproxTree
 
 PS = 64
@@ -60,7 +61,7 @@ def _replay(n: int, cfg: dict, stream, tree_cls, at_once: bool) -> tuple[list, l
         d = router.route(request, RanksView(tuple(loads[:n]) + (0,) * max(0, n - len(loads))), step * S // 4)
         out.append((tuple(d), tuple(type(x) for x in d), type(d)))
     tree = router.tree
-    state = [list(tree.pages), router.evictions, router.evicted_pages, router._tick]
+    state = [list(tree.pages), router.evictions, router.evicted_pages, router.head.tick, router.head.next_eviction_ns]
     state.append([sorted(tree._ticks[r].items()) if isinstance(tree, ApproxTreeByKey) else sorted(tree._ticks_of(r).items())
                   for r in range(n)])
     return out, state
@@ -78,27 +79,39 @@ def test_the_decision_at_once_is_the_routes_own_on_any_stream(n, cfg, stream):
         assert fast == _replay(n, cfg, stream, NativeApproxTree, False)
 
 
-def test_the_route_takes_the_one_call_only_for_its_own_tree_and_rules(monkeypatch):
-    from tierdiag.engine.routing import cache_aware
-
+def test_the_route_takes_the_one_call_only_for_its_own_tree_and_rules():
+    """The head decides (`at_once`) for its own trees and rules with `decide_at_once`; any other
+    tree, rule or `decide_at_once = False` (set in any order) runs the route's own body, `_decide`,
+    with the tick the head took."""
     calls = []
-    real = cache_aware.cache_aware_decide
-
-    def spy(*args):
-        calls.append(args[0])
-        return real(*args)
-
-    monkeypatch.setattr(cache_aware, "cache_aware_decide", spy)
     router = make_router(RouterConfig(router="cache_aware"), 2)
+    real = router._decide
+
+    def spy(request, ranks, tick):
+        calls.append((request.req_id, tick))
+        return real(request, ranks, tick)
+
+    router._decide = spy
+    assert router.head.at_once and not router.head.miss_min_load
     d = router.route(RequestView("a", [1, 2], 128, PS), RanksView((0, 0)), 0)
-    assert calls == [router.tree] and (d.rank, d.branch) == (0, "cache_miss")
+    assert calls == [] and (d.rank, d.branch) == (0, "cache_miss")
     router.tree = ApproxTreeByKey(2)
+    assert not router.head.at_once
     router.route(RequestView("b", [1, 2], 128, PS), RanksView((0, 0)), 1)
     router.decide_at_once = False
     router.tree = ApproxTree(2)
+    assert not router.head.at_once
     router.route(RequestView("c", [1, 2], 128, PS), RanksView((0, 0)), 2)
     router.decide_at_once = True
+    assert router.head.at_once
     router._miss = lambda r, ranks: (1, "a rule of a test's own")
+    assert not router.head.at_once
     d = router.route(RequestView("d", [7], 64, PS), RanksView((0, 0)), 3)
-    assert len(calls) == 1 and d.reason == "cache_aware: best match 0.00 <= 0.30: a rule of a test's own"
-    assert cache_aware_decide is real
+    assert calls == [("b", 2), ("c", 3), ("d", 4)] and router.head.tick == 4
+    assert d.reason == "cache_aware: best match 0.00 <= 0.30: a rule of a test's own"
+    from tierdiag.config.router import CacheMissRule
+    from tierdiag.engine.routing.cache_aware import CACHE_MISS_RULES
+    router._miss = CACHE_MISS_RULES[CacheMissRule.MIN_LOAD]
+    assert router.head.at_once and router.head.miss_min_load
+    router.route(RequestView("e", [7], 64, PS), RanksView((0, 0)), 4)
+    assert len(calls) == 3 and router.head.tick == 5

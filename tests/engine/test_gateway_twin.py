@@ -88,3 +88,57 @@ def test_a_finish_the_gateway_never_routed_and_a_rank_out_of_range_are_refused(c
     with pytest.raises(AssertionError, match="router round_robin chose rank 2 of 2: a bug in that policy"):
         gw.route(RequestView("y", [1], PS, PS), 0)
     assert gw.in_flight == (0, 0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(router=st.sampled_from(sorted(ROUTERS)), n=st.integers(1, 9), seed=st.integers(0, 2**16),
+       ops=st.lists(_op, max_size=30))
+def test_route_fields_are_routes_decision_in_order(router, n, seed, ops):
+    """What the deployment reads (`route_fields`, by position) is `route`'s RouteDecision, field
+    for field, on both sides (cache_aware's head's plain tuple included)."""
+    for cls in (Gateway, TWIN.Gateway):
+        class ByFields:
+            """The gateway's route as the deployment reads it: its fields, made a RouteDecision here."""
+
+            def __init__(self, config, num_ranks):
+                self.gw = cls(config, num_ranks)
+
+            def route(self, request, now_ns, poll=None):
+                found = self.gw.route_fields(request, now_ns, poll)
+                assert type(found) in (tuple, RouteDecision) and len(found) == len(RouteDecision._fields)
+                return RouteDecision(*found)
+
+            def finish(self, rank, request, now_ns):
+                self.gw.finish(rank, request, now_ns)
+
+            @property
+            def in_flight(self):
+                return self.gw.in_flight
+
+        assert _replay(ByFields, router, n, seed, ops) == _replay(cls, router, n, seed, ops)
+
+
+@pytest.mark.parametrize("cls", [Gateway, TWIN.Gateway], ids=["as imported", "python source"])
+def test_a_policys_on_finish_is_called_where_one_is_set(cls):
+    """routing/base.py's `on_finish` is None (nothing called at a finish) unless a policy sets it:
+    on the instance, on its class, by a subclass's method."""
+    from tierdiag.engine.routing.load import RoundRobinRouter
+
+    seen: list = []
+    gw = cls(RouterConfig(router="round_robin"), 2)
+    assert gw.router.on_finish is None
+    a = RequestView("a", [1], PS, PS)
+    gw.finish(gw.route(a, 0).rank, a, 1)
+    gw.router.on_finish = lambda rank, request, now_ns: seen.append(("instance", rank, request.req_id, now_ns))
+    gw.finish(gw.route(a, 2).rank, a, 3)
+    del gw.router.on_finish
+
+    class Keeping(RoundRobinRouter):
+        def on_finish(self, rank, request, now_ns):
+            seen.append(("class", rank, request.req_id, now_ns))
+
+    gw.router = Keeping(2, RouterConfig(router="round_robin"))
+    gw.finish(gw.route(a, 4).rank, a, 5)
+    gw.router = RoundRobinRouter(2, RouterConfig(router="round_robin"))
+    gw.finish(gw.route(a, 6).rank, a, 7)
+    assert seen == [("instance", 1, "a", 3), ("class", 0, "a", 5)] and gw.in_flight == (0, 0)

@@ -282,7 +282,9 @@ class Deployment:
         self.cfg = cfg
         self.ranks = list(ranks)
         self.stats = stats
-        self.ps = cfg.page_size
+        # (ints: the arrival's products and division native; the config's fields are Any to mypyc)
+        self.ps: int = cfg.page_size
+        self.block_size: int = cfg.block_size
         self.gateway = Gateway(RouterConfig.from_config(cfg), len(self.ranks))
         # (typed: the loop reads the head's time as a native int, where an untyped list's
         # `events[0][0]` was a generic item read and a compare with `now` boxed, issue 41)
@@ -499,7 +501,10 @@ class Deployment:
     # --- arrival and leaving -----------------------------------------------------------------
     def _arrive(self, t: TraceRequest, now: int, trace_ns: int, think_ms: float | None) -> None:
         ps = self.ps
-        keys_np = page_keys_array(t, page_size=ps, block_size=self.cfg.block_size)
+        # (each field of the trace's request read once: a generic attribute read each)
+        input_len: int = t.input_len
+        session: str | None = t.session
+        keys_np = page_keys_array(t, page_size=ps, block_size=self.block_size)
         # The router's keys and the peeks': a key run (array('q'), two memcpys), not a list of an
         # int object a page (~21,000 instructions an arrival, callgrind, conversation trace): the
         # router reads a few keys of it a rank (the first of each run on its path) and lists only
@@ -510,38 +515,45 @@ class Deployment:
         keys = key_run(keys_np)
         # (tuple.__new__ as NamedTuple._make does, here and for Route: the generated __new__, or
         # _make, is an interpreted frame, ~2,500 instructions a request each, callgrind)
-        view: RequestView = _new_tuple(RequestView, (t.req_id, keys, t.input_len, ps, t.session))
+        view: RequestView = _new_tuple(RequestView, (t.req_id, keys, input_len, ps, session))
         # What each rank really holds of the prefix it could reuse (the scheduler matches at most
         # the pages before the last input token), asked before routing and without side effect.
-        matchable = keys[:max(0, min(len(keys), (t.input_len - 1) // ps))]
+        matchable = keys[:max(0, min(len(keys), (input_len - 1) // ps))]
         held = [sched.tree.peek(matchable) for sched in self.ranks]
         gateway = self.gateway
         in_flight = gateway.in_flight
-        decision = gateway.route(view, now)
-        # (an int: the rank's scheduler taken from the typed list and its _arrive called natively;
-        # the decision's field is Any to mypyc, and an Any index made both generic, ~12k a replay)
-        rank: int = decision.rank
+        # RouteDecision's fields in order, read by position (a plain tuple where cache_aware's head
+        # decided: no RouteDecision built, no field read by name; routing/gateway.py)
+        decision: tuple = gateway.route_fields(view, now)
+        # (an int: the rank's scheduler taken from the typed list and its _arrive called natively)
+        rank: int = decision[0]
         self.in_flight[t.seq] = (rank, view)
-        if t.session is not None:
-            self.session_rank[t.session] = rank
+        if session is not None:
+            self.session_rank[session] = rank
         best = rank
-        best_total = sum(held[rank])
+        own_d, own_h = held[rank]
+        best_total = own_d + own_h
         for r, (d, h) in enumerate(held):
             if d + h > best_total:
                 best, best_total = r, d + h
         # (the data plane's C where compiled: ~45,000 instructions an arrival at --dp 8 in f-strings)
-        text = ranks_json(held, in_flight, decision.scores, ps)
-        own_d, own_h = held[rank]
+        text = ranks_json(held, in_flight, decision[6], ps)  # (RouteDecision.scores)
         best_d, best_h = held[best]
-        # Route's fields in order (records.py reads them by position), built as _make builds it
-        route: Route = _new_tuple(Route, (decision.branch, decision.reason, decision.score, decision.score_name,
+        # Route's fields in order (records.py reads them by position), built as _make builds it;
+        # RouteDecision's branch, reason, score and score_name first
+        route: Route = _new_tuple(Route, (decision[2], decision[3], decision[4], decision[5],
                                           own_d * ps, own_h * ps, best, best_d * ps, best_h * ps, text))
         self.ranks[rank]._arrive(t, now, trace_ns, think_ms, keys_np, route)
 
     def _leave(self, req: Req, now: int) -> None:
         """A request left its rank (finished, or rejected there): the gateway stops counting it."""
-        entry = self.in_flight.pop(req.seq, None)
+        in_flight = self.in_flight
+        seq = req.seq
+        # (get and del: native dict calls; pop with a default was a generic method call, ~400
+        # instructions a request at --dp 8)
+        entry = in_flight.get(seq)
         if entry is not None:
+            del in_flight[seq]
             rank, view = entry
             self.gateway.finish(rank, view, now)
 

@@ -448,3 +448,67 @@ def cache_aware_decide(tree: Any, keys: Sequence[int], loads: tuple[int, ...], t
         tree.touch(keys[:matched], holder, tick)
     tree.insert(keys, rank, tick, depth_of[rank])
     return (rank, name, branch, reason, rate, "approx match", scores)
+
+
+class CacheAwareHead:
+    """CacheAwareRouter's state that its route reads and writes every request, and the route's
+    head over it: the page size seen, the eviction pass due, the tick, then the decision by
+    `cache_aware_decide` where `at_once` (routing/cache_aware.py keeps one a router, `head`, reads
+    the same state through its properties, and sets `at_once` where its tree, miss rule and
+    `decide_at_once` allow the one call). Compiled with the tree: the router's interpreted route
+    frame was ~5,500 instructions a request at --dp 8 (its attribute reads, the head's tests, a
+    12-argument call into the compiled decision; issue 41, session 36); routing/gateway.py calls
+    `route` here natively, without that frame, while the policy's own route is the one that would
+    run (not patched on the instance or the class). This source is its Python twin."""
+
+    def __init__(self, tree: Any, name: object, interval_ns: int) -> None:
+        self.tree: Any = tree
+        self.name: object = name  # the router's name (a StrEnum): RouteDecision.router
+        self.interval_ns = interval_ns  # eviction_interval_secs in ns; <= 0: never
+        self.next_eviction_ns = interval_ns
+        self.tick = 0
+        self.page_tokens_seen = 0  # the page size requests come with (one per run)
+        self.evictions = 0  # eviction passes run
+        self.evicted_pages = 0  # (page, rank) entries they dropped
+        self.at_once = False  # route decides by cache_aware_decide (else None: the router's own body)
+        self.miss_min_load = False  # the miss rule: the least loaded rank (else the smallest tree)
+        # the config's values as the reference reads them (`configure`)
+        self.thr = 0.0
+        self.thr_text = ""  # the threshold as every reason writes it, made once
+        self.abs_thr: Any = 0
+        self.rel_thr: Any = 0.0
+        self.max_tree_tokens = 0
+
+    def configure(self, config: Any) -> None:
+        """Read a RouterConfig's thresholds (the router's config set, first or in its place)."""
+        thr = config.router_cache_threshold
+        self.thr = thr
+        self.thr_text = f"{thr:.2f}"
+        self.abs_thr = config.router_balance_abs_threshold
+        self.rel_thr = config.router_balance_rel_threshold
+        self.max_tree_tokens = config.router_max_tree_tokens
+
+    def evict_due(self, now_ns: int) -> None:
+        """Tree::evict_tenant_by_size where an interval of virtual time has passed."""
+        interval = self.interval_ns
+        if interval <= 0 or now_ns < self.next_eviction_ns:
+            return
+        max_pages = self.max_tree_tokens // max(1, self.page_tokens_seen)
+        dropped: int = self.tree.evict(max_pages)
+        self.evicted_pages += dropped
+        self.evictions += 1
+        self.next_eviction_ns = (now_ns // interval + 1) * interval
+
+    def route(self, request: tuple, loads: tuple[int, ...], now_ns: int) -> tuple | None:
+        """CacheAwareRouter.route for `request` (a RequestView) and the ranks' in-flight `loads`:
+        its head, then RouteDecision's fields in order where `at_once`; None where not (the tick
+        taken: the router's own body decides with it)."""
+        page_tokens: int = request[3]
+        self.page_tokens_seen = page_tokens
+        if now_ns >= self.next_eviction_ns:  # (evict_due's own test: its call only when one may be due)
+            self.evict_due(now_ns)
+        self.tick = tick = self.tick + 1
+        if not self.at_once:
+            return None
+        return cache_aware_decide(self.tree, request[1], loads, tick, page_tokens, request[2], self.name,
+                                  self.abs_thr, self.rel_thr, self.thr, self.thr_text, self.miss_min_load)

@@ -38,10 +38,10 @@ shared storage tier, or of requests a rank refused. `explain` prints both: the r
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from tierdiag.config.router import CacheMissRule, RouterConfig, RouterName
-from tierdiag.engine.routing.approx_tree import ApproxTree, cache_aware_decide
+from tierdiag.engine.routing.approx_tree import ApproxTree, CacheAwareHead
 from tierdiag.engine.routing.base import RanksView, RequestView, RouteDecision, Router, least_loaded
 from tierdiag.engine.routing.router_tree import NativeApproxTree, new_tree
 
@@ -74,57 +74,103 @@ def is_imbalanced(loads: tuple[int, ...], abs_threshold: int, rel_threshold: flo
 
 class CacheAwareRouter(Router):
     name = RouterName.CACHE_AWARE
-    # route's decision by approx_tree.cache_aware_decide where the tree is an ApproxTree (or its C
-    # twin, router_tree.py) and the miss rule one of CACHE_MISS_RULES (False: this class's own
-    # body, the reference, always)
-    decide_at_once = True
     follows = ("cache_aware.rs CacheAwarePolicy::select_worker / select_worker_min_load; tree.rs Tree::insert, "
                "prefix_match, evict_tenant_by_size, get_smallest_tenant")
 
     def __init__(self, num_ranks: int, config: RouterConfig) -> None:
-        super().__init__(num_ranks, config)
-        self.tree = new_tree(num_ranks)  # the C tree on the compiled data plane, else ApproxTree
-        self._miss = CACHE_MISS_RULES[config.router_cache_miss]
-        self._interval_ns = int(config.router_eviction_interval_s * 1e9)
-        self._next_eviction_ns = self._interval_ns
-        self._tick = 0
-        self.page_tokens_seen = 0  # the page size requests come with (one per run)
-        self.evictions = 0  # eviction passes run
-        self.evicted_pages = 0  # (page, rank) entries they dropped
-        # the threshold as every reason writes it, made once (one float format a request fewer)
-        self._thr = config.router_cache_threshold
-        self._thr_text = f"{self._thr:.2f}"
+        # What route reads and writes a request (the tree, the tick, the eviction clock, the
+        # config's thresholds) and the route's head over it, compiled with the tree
+        # (approx_tree.CacheAwareHead; the Gateway calls its route without this class's frame);
+        # the properties below read and set it under the names this router always had.
+        self.head = CacheAwareHead(new_tree(num_ranks),  # the C tree on the compiled data plane, else ApproxTree
+                                   self.name, int(config.router_eviction_interval_s * 1e9))
+        self._decide_at_once = True
+        self._miss_rule = CACHE_MISS_RULES[config.router_cache_miss]
+        super().__init__(num_ranks, config)  # (sets `config`: the head reads its thresholds)
+        self._settle()
 
-    def _evict_due(self, now_ns: int) -> None:
-        if self._interval_ns <= 0 or now_ns < self._next_eviction_ns:
-            return
-        max_pages = self.config.router_max_tree_tokens // max(1, self.page_tokens_seen)
-        self.evicted_pages += self.tree.evict(max_pages)
-        self.evictions += 1
-        self._next_eviction_ns = (now_ns // self._interval_ns + 1) * self._interval_ns
+    # route's decision by approx_tree.cache_aware_decide (the head's `at_once`) where the tree is
+    # an ApproxTree (or its C twin, router_tree.py), the miss rule one of CACHE_MISS_RULES and
+    # `decide_at_once` (False: this class's own body, the reference, always); decided when one of
+    # the three is set, not a request
+    def _settle(self) -> None:
+        head, miss = self.head, self._miss_rule
+        kind = type(head.tree)
+        head.miss_min_load = miss is _min_load
+        head.at_once = bool(self._decide_at_once and (kind is NativeApproxTree or kind is ApproxTree)
+                            and (miss is _smallest_tree or miss is _min_load))
+
+    @property
+    def decide_at_once(self) -> bool:
+        return self._decide_at_once
+
+    @decide_at_once.setter
+    def decide_at_once(self, value: bool) -> None:
+        self._decide_at_once = value
+        self._settle()
+
+    @property
+    def tree(self) -> Any:
+        return self.head.tree
+
+    @tree.setter
+    def tree(self, tree: Any) -> None:
+        self.head.tree = tree
+        self._settle()
+
+    @property
+    def _miss(self) -> Callable[["CacheAwareRouter", RanksView], tuple[int, str]]:
+        """Where a request whose best match is at or under the threshold goes (CACHE_MISS_RULES)."""
+        return self._miss_rule
+
+    @_miss.setter
+    def _miss(self, rule: Callable[["CacheAwareRouter", RanksView], tuple[int, str]]) -> None:
+        self._miss_rule = rule
+        self._settle()
+
+    @property
+    def config(self) -> RouterConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: RouterConfig) -> None:  # (the first, or another put in its place)
+        self._config = config
+        self.head.configure(config)
+
+    @property
+    def page_tokens_seen(self) -> int:
+        """The page size requests come with (one per run)."""
+        return self.head.page_tokens_seen
+
+    @property
+    def evictions(self) -> int:
+        """Eviction passes run."""
+        return self.head.evictions
+
+    @property
+    def evicted_pages(self) -> int:
+        """(page, rank) entries the eviction passes dropped."""
+        return self.head.evicted_pages
 
     def route(self, request: RequestView, ranks: RanksView, now_ns: int) -> RouteDecision:
-        self.page_tokens_seen = request.page_tokens
-        if now_ns >= self._next_eviction_ns:  # (_evict_due's own test: its call only when one may be due)
-            self._evict_due(now_ns)
-        self._tick = tick = self._tick + 1
+        head = self.head
+        # The head (the page size seen, an eviction pass due, the tick) and, where `at_once`, the
+        # decision: one compiled call (approx_tree.CacheAwareHead.route; tests/engine/
+        # test_cache_aware_decide.py holds it equal to this class's own body)
+        found = head.route(request, ranks.in_flight, now_ns)
+        if found is not None:
+            # (tuple.__new__ as NamedTuple._make does: the generated __new__ is an interpreted frame more)
+            return _new_decision(RouteDecision, found)
+        return self._decide(request, ranks, head.tick)
+
+    def _decide(self, request: RequestView, ranks: RanksView, tick: int) -> RouteDecision:
+        """The decision after the head, step by step (the reference of cache_aware_decide)."""
         cfg = self.config
         keys = request.page_keys
         loads = ranks.in_flight
         tree = self.tree
         thr = cfg.router_cache_threshold
-        if thr != self._thr:  # (another config put in its place)
-            self._thr, self._thr_text = thr, f"{thr:.2f}"
-        miss = self._miss
-        kind = type(tree)
-        if (self.decide_at_once and (kind is NativeApproxTree or kind is ApproxTree)
-                and (miss is _smallest_tree or miss is _min_load)):
-            # The rest of this body in one call, compiled with the tree (approx_tree.py; the body
-            # below is its reference, tests/engine/test_cache_aware_decide.py holds the two equal)
-            return _new_decision(RouteDecision, cache_aware_decide(
-                tree, keys, loads, tick, request.page_tokens, request.input_tokens, self.name,
-                cfg.router_balance_abs_threshold, cfg.router_balance_rel_threshold, thr, self._thr_text,
-                miss is _min_load))
+        thr_text = self.head.thr_text
         if is_imbalanced(loads, cfg.router_balance_abs_threshold, cfg.router_balance_rel_threshold):
             rank = least_loaded(loads)
             tree.insert(keys, rank, tick)
@@ -139,15 +185,14 @@ class CacheAwareRouter(Router):
         scores = tuple([d * per_token for d in depth_of])
         if holder is not None and rate > thr:
             rank, branch = holder, "cache_hit"
-            reason = f"cache_aware: match {rate:.2f} > {self._thr_text} on rank {rank}"
+            reason = f"cache_aware: match {rate:.2f} > {thr_text} on rank {rank}"
         else:
             rank, where = self._miss(self, ranks)
             branch = "cache_miss"
-            reason = f"cache_aware: best match {rate:.2f} <= {self._thr_text}: {where}"
+            reason = f"cache_aware: best match {rate:.2f} <= {thr_text}: {where}"
         if holder is not None and holder != rank:  # Tree::prefix_match touched it before the choice
             tree.touch(keys[:matched], holder, tick)
         # (what the rank holds of `keys`: prefix_match's depth for it; the touch above changes
         # ticks only, and of keys the holder holds)
         tree.insert(keys, rank, tick, depth_of[rank])  # (held: positional, a compiled call's quicker form)
-        # (tuple.__new__ as NamedTuple._make does: the generated __new__ is an interpreted frame more)
         return _new_decision(RouteDecision, (rank, self.name, branch, reason, rate, "approx match", scores))
