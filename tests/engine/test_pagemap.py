@@ -139,6 +139,24 @@ def test_a_grow_touches_no_page_of_its_unset_slots():
     assert pm.get_list([0, 1, *far]) == [1, MISSING, 2, 2]
 
 
+def test_a_mapping_that_cannot_be_resized_in_place_is_copied_into_a_new_one():
+    # Where there is no mremap (CPython's mmap.resize raises SystemError there) a grow makes a
+    # new mapping and copies the old bytes: the same bytes, zero beyond.
+    import mmap
+
+    class NoRemap(mmap.mmap):
+        def resize(self, nbytes):
+            raise SystemError("mmap: resizing not available--no mremap()")
+
+    old = NoRemap(-1, 8192, flags=mmap.MAP_PRIVATE)
+    old[:8] = b"\x01\x02\x03\x04\xfb\xff\xff\xff"
+    grown = pagemap._resized(old, 3 * 8192)
+    assert grown is not old and old.closed and len(grown) == 3 * 8192
+    assert grown[:8] == b"\x01\x02\x03\x04\xfb\xff\xff\xff" and grown[8:] == bytes(3 * 8192 - 8)
+    same = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE)
+    assert pagemap._resized(same, 8192) is same and len(same) == 8192
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(1, 400), min_size=1, max_size=60), st.integers(0, 1), _OPS)
 def test_a_map_of_one_of_several_ranks_grows_by_half_with_the_same_answers(steps, as_list, ops):

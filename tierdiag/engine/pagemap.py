@@ -64,6 +64,20 @@ def _slots(n: int) -> tuple[mmap.mmap, memoryview]:
     return mem, memoryview(mem).cast("i")
 
 
+def _resized(mem: mmap.mmap, nbytes: int) -> mmap.mmap:
+    """The mapping grown to `nbytes`: in place by mremap (Linux: the pages moved, none copied,
+    the new ones zero and untouched), or, where the platform has no mremap (CPython's resize
+    raises SystemError there), a new mapping with the old bytes copied in."""
+    try:
+        mem.resize(nbytes)
+        return mem
+    except (SystemError, OSError):
+        grown = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+        grown[: len(mem)] = mem[:]
+        mem.close()
+        return grown
+
+
 _SLOT_BYTES = array("i").itemsize
 
 
@@ -132,7 +146,7 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         size = max(((top + (top >> self._grow_shift)) | 4095) + 1, min(2 * len(self._dense), DOUBLE_SLOTS))
         del self._np  # a mapping with a view exporting it cannot be resized
         self._dense.release()
-        self._mem.resize(_SLOT_BYTES * size)
+        self._mem = _resized(self._mem, _SLOT_BYTES * size)
         self._dense = memoryview(self._mem).cast("i")
         self._np = np.frombuffer(self._dense, dtype=np.int32)
 
