@@ -10,6 +10,7 @@ import json
 from array import array
 import operator
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -463,6 +464,52 @@ def test_the_compiled_blame_declines_what_it_does_not_take():
     assert blame(cached, demoted, [1, 2, 5, big, 9], lost, 16) == 4
     assert lost == {3: 32, 4: 16, 2: 16}
     assert blame_py(cached, demoted, [1, 2, 5, big, 9], None, 16) == 4
+
+
+_HOSTILE_KEYS = st.one_of(st.integers(0, 1 << 14), st.integers(1 << 20, 3 << 20),
+                          st.integers(pagemap.DENSE_LIMIT - 3, pagemap.DENSE_LIMIT + 3),
+                          st.integers(pagemap.DENSE_LIMIT, (1 << 63) - 1), st.integers(-(1 << 63), -1))
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.lists(_HOSTILE_KEYS, max_size=40),
+                              st.sampled_from([0, 1, 2, 2**31 - 2, 2**31 - 1]) | st.integers(0, 2**31 - 1),
+                              st.booleans()), max_size=10),
+       asked=st.lists(_HOSTILE_KEYS, max_size=60))
+def test_page_maps_of_hostile_keys_answer_alike_by_c_and_by_python(ops, asked):
+    """A slot holds ~value, zero bytes MISSING (session 36): the compiled store and the Python
+    twin leave the same bytes, and every reader (get_list, get_many, get, len, blame by C and by
+    Python, a pickled copy) answers as a dict would, for keys negative (output pages, never
+    kept), past DENSE_LIMIT (the dict part), the largest int64 and values at both ends of
+    [0, 2**31)."""
+    from tierdiag.engine.pagemap import MISSING, PageMap, blame_py
+
+    maps = {"c": (PageMap(), PageMap()), "py": (PageMap(), PageMap())}
+    model: dict[int, int] = {}
+    demoted_model: dict[int, int] = {}
+    for i, (keys, value, as_array) in enumerate(ops):
+        arg = np.array(keys, dtype=np.int64) if as_array else keys
+        for name, (cached, demoted) in maps.items():
+            set_many = PageMap._set_many_c if name == "c" else PageMap._set_many_py
+            set_many(cached if i % 3 else demoted, arg, value)
+        (model if i % 3 else demoted_model).update(dict.fromkeys((k for k in keys if k >= 0), value))
+    (c_cached, c_demoted), (py_cached, py_demoted) = maps["c"], maps["py"]
+    assert bytes(c_cached._dense) == bytes(py_cached._dense) and c_cached._sparse == py_cached._sparse
+    probe = asked + [k for keys, _, _ in ops for k in keys]
+    expected = [model.get(k, MISSING) for k in probe]
+    for pm in (c_cached, py_cached, pickle.loads(pickle.dumps(c_cached))):
+        assert pm.get_list(probe) == expected
+        assert pm.get_many(probe).tolist() == expected
+        assert len(pm) == len(model)
+    inputs = [k for k in probe if k >= 0]
+    lost_py: dict[int, int] = {}
+    want = blame_py(py_cached, py_demoted, inputs, lost_py, 16)
+    assert want == sum(1 for k in inputs if k in model)
+    if not c_cached._sparse and not c_demoted._sparse:
+        lost_c: dict[int, int] = {}
+        assert cplane.C.blame(c_cached._dense, c_demoted._dense, inputs, lost_c, 16) == want
+        assert list(lost_c.items()) == list(lost_py.items())
 
 
 @pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")

@@ -92,32 +92,69 @@ def test_a_climbing_key_range_doubles_the_array_below_double_slots_then_grows_by
     assert not pm._sparse
     asked = list(model) + [top + 5, -1]
     assert pm.get_many(asked).tolist() == [model.get(k, MISSING) for k in asked]
-    # every slot of the grown array (filled by a bytes memset, issue 41 session 34) that no key
-    # set is MISSING, to the last one
-    dense = pm._dense.tolist()
+    # every slot of the grown array (the kernel's zero pages, ~MISSING: session 36) that no key
+    # set is MISSING, to the last one; a slot holds its value's complement
+    dense = [~v for v in pm._dense.tolist()]
     assert [k for k, v in enumerate(dense) if v != MISSING] == sorted(model)
     assert all(dense[k] == model[k] for k in model)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 3000), min_size=1, max_size=12), st.sampled_from([1 << 12, 1 << 14, 1 << 16, 1 << 22]))
-def test_grown_slots_are_missing_whether_the_kept_fill_covers_the_grow_or_not(steps, fill_max):
-    # A grow copies its MISSING slots from one fill kept for every map, up to _FILL_MAX bytes;
-    # a larger grow makes its own (issue 41 session 34). Several maps grow over the same keys
-    # (the ranks' maps), the fill itself growing between them: every slot no key set is MISSING.
-    with patch.object(pagemap, "_FILL_MAX", fill_max), patch.object(pagemap, "_fill", b""):
-        maps, model, top = [PageMap(GROW_SHIFT_MANY), PageMap(), PageMap(GROW_SHIFT_MANY)], {}, 0
-        for i, step in enumerate(steps):
-            keys = list(range(top, top + step * 97, 13))
-            top += step * 97
-            model.update(dict.fromkeys(keys, i + 1))
-            for pm in maps:
-                pm.set_many(keys, i + 1)
-        assert len(pagemap._fill) <= max(fill_max, 4 * 4096)
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=12), st.sampled_from([0, (1 << 31) - 1]))
+def test_grown_slots_are_missing_and_a_slot_holds_the_complement(steps, low):
+    # A grow leaves its new slots to the kernel's zero pages (mremap of the map's mapping): zero
+    # bytes are MISSING, a value v is held as ~v (session 36). Several maps grow over the same
+    # keys (the ranks' maps), values at both ends of [0, 2**31): every slot no key set is zero.
+    maps, model, top = [PageMap(GROW_SHIFT_MANY), PageMap(), PageMap(GROW_SHIFT_MANY)], {}, 0
+    for i, step in enumerate(steps):
+        keys = list(range(top, top + step * 97, 13))
+        top += step * 97
+        value = low if i % 2 else i + 1
+        model.update(dict.fromkeys(keys, value))
         for pm in maps:
-            dense = pm._dense.tolist()
-            assert [k for k, v in enumerate(dense) if v != MISSING] == sorted(model)
-            assert pm.get_many(list(model)).tolist() == list(model.values())
+            pm.set_many(keys, value)
+    for pm in maps:
+        raw = pm._np
+        assert np.flatnonzero(raw).tolist() == sorted(model)
+        assert np.invert(raw[sorted(model)]).tolist() == [model[k] for k in sorted(model)]
+        assert pm.get_many(list(model)).tolist() == list(model.values())
+
+
+def test_a_grow_touches_no_page_of_its_unset_slots():
+    # The point of the zero-bytes MISSING (session 36): at --dp 8 the 16 maps, each over the
+    # whole trace's key range, were filled with -1 on every grow, every page touched (+38 k
+    # minor faults of the engine). A map grown to ~48 MiB of slots by far keys (each inside its
+    # reach) faults in a few pages, not the ~12 k pages a fill would write.
+    import resource
+
+    pm = PageMap(GROW_SHIFT_MANY)
+    pm.set_many([0], 1)
+    far = [1 << 20, 10 << 20]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for k in far:
+        pm.set_many([k], 2)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert len(pm._dense) > 10 << 20 and not pm._sparse
+    assert faults < 1024, faults
+    assert pm.get_list([0, 1, *far]) == [1, MISSING, 2, 2]
+
+
+def test_a_mapping_that_cannot_be_resized_in_place_is_copied_into_a_new_one():
+    # Where there is no mremap (CPython's mmap.resize raises SystemError there) a grow makes a
+    # new mapping and copies the old bytes: the same bytes, zero beyond.
+    import mmap
+
+    class NoRemap(mmap.mmap):
+        def resize(self, nbytes):
+            raise SystemError("mmap: resizing not available--no mremap()")
+
+    old = NoRemap(-1, 8192, flags=mmap.MAP_PRIVATE)
+    old[:8] = b"\x01\x02\x03\x04\xfb\xff\xff\xff"
+    grown = pagemap._resized(old, 3 * 8192)
+    assert grown is not old and old.closed and len(grown) == 3 * 8192
+    assert grown[:8] == b"\x01\x02\x03\x04\xfb\xff\xff\xff" and grown[8:] == bytes(3 * 8192 - 8)
+    same = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE)
+    assert pagemap._resized(same, 8192) is same and len(same) == 8192
 
 
 @settings(max_examples=100, deadline=None)
@@ -160,6 +197,25 @@ def test_the_grow_shift_survives_copy_and_pickle():
         assert len(again._dense) == ((200_000 + (200_000 >> GROW_SHIFT_MANY)) | 4095) + 1
         assert again.get_list([5, 70_000, 200_000, 6]) == [3, 3, 4, MISSING]
     assert PageMap()._grow_shift == GROW_SHIFT
+    # the state as before session 36: an array('i') of the values, MISSING where never set
+    state = pm.__getstate__()["_dense"]
+    assert state.typecode == "i" and state[5] == 3 and state[6] == MISSING
+
+
+@settings(max_examples=100, deadline=None)
+@given(_OPS)
+def test_a_copy_answers_as_its_original(ops):
+    import copy
+    import pickle
+
+    pm = PageMap()
+    for keys, value in ops:
+        pm.set_many(keys, value)
+    asked = [k for keys, _ in ops for k in keys] + [0, 1, len(pm._dense) - 1, len(pm._dense)]
+    for again in (copy.deepcopy(pm), pickle.loads(pickle.dumps(pm))):
+        assert bytes(again._dense) == bytes(pm._dense)
+        assert again.get_list(asked) == pm.get_list(asked)
+        assert again._sparse == pm._sparse and len(again) == len(pm)
 
 
 @settings(max_examples=60, deadline=None)

@@ -4,8 +4,14 @@ for every computed page of every request, so it is as big as the trace's distinc
 hot as the prefill path.
 
 Keys of hash_ids traces (Mooncake, `tierdiag synth`) are small dense ints (hash id x pages a
-block + offset): those live in a numpy int32 array indexed by key, 4 bytes a page and vectorised
-reads and writes. Keys beyond DENSE_LIMIT (token traces: 63-bit digests; `extra_key` salts) go
+block + offset): those live in an int32 array indexed by key, 4 bytes a page and vectorised
+reads and writes. A slot holds its value's bitwise complement (`~value`: 0 for MISSING = -1,
+and every value in [0, 2**31) fits), so a slot never set is zero bytes: the array is an
+anonymous private mapping (mmap) that a grow extends by mremap, its new slots left to the
+kernel's zero pages, and only the 4 KiB pages a key was set in (or read) are ever touched. At
+--dp 8 each rank's two maps cover the whole trace's key range with ~45 % of their pages ever
+set: filled with MISSING on every grow, they held 121 MiB touched against 16 at dp 1 (issue 41,
+session 36). Keys beyond DENSE_LIMIT (token traces: 63-bit digests; `extra_key` salts) go
 to a dict. Negative keys are output pages (trace/pages.output_page_keys): no request computes
 them again, so they are not kept (a set is a no-op, a get MISSING). A dict entry costs ~100 bytes: a million-request trace has tens of millions of
 distinct pages, which a dict alone would hold in gigabytes.
@@ -13,6 +19,7 @@ distinct pages, which a dict alone would hold in gigabytes.
 
 from __future__ import annotations
 
+import mmap
 from array import array
 from itertools import repeat
 from typing import Iterable
@@ -50,26 +57,28 @@ GROW_SHIFT_MANY = 1  # ... and half more, a map of one of several ranks' (CacheC
 DOUBLE_SLOTS = 1 << 23
 
 
-def _missing_bytes(n: int) -> bytes | memoryview:
-    """The bytes of `n` array slots holding MISSING (-1: every bit set, any width, either byte
-    order), for `frombytes`. Up to _FILL_MAX bytes they are a view of one fill kept for every
-    map (grown to the largest asked, at least doubling): a grow is then one copy into the array,
-    where `array("i", [MISSING]) * n` made a temporary array (its fill a copy) that `extend`
-    copied again: at --dp 8 sixteen maps (two a rank) each grow over the same keys, ~0.1 G
-    instructions of the conversation trace's `Engine.run` in those copies (issue 41, sessions
-    33-34). Larger grows (a map past a few million keys) make their own fill, not kept."""
-    global _fill
-    nbytes = _SLOT_BYTES * n
-    if nbytes > _FILL_MAX:
-        return b"\xff" * nbytes
-    if len(_fill) < nbytes:
-        _fill = b"\xff" * max(nbytes, min(2 * len(_fill), _FILL_MAX))
-    return memoryview(_fill)[:nbytes]
+def _slots(n: int) -> tuple[mmap.mmap, memoryview]:
+    """`n` array slots, every one MISSING (zero bytes): an anonymous private mapping, none of
+    its pages touched, and its view as native ints (what `_dense` is)."""
+    mem = mmap.mmap(-1, _SLOT_BYTES * n, flags=mmap.MAP_PRIVATE)
+    return mem, memoryview(mem).cast("i")
+
+
+def _resized(mem: mmap.mmap, nbytes: int) -> mmap.mmap:
+    """The mapping grown to `nbytes`: in place by mremap (Linux: the pages moved, none copied,
+    the new ones zero and untouched), or, where the platform has no mremap (CPython's resize
+    raises SystemError there), a new mapping with the old bytes copied in."""
+    try:
+        mem.resize(nbytes)
+        return mem
+    except (SystemError, OSError):
+        grown = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+        grown[: len(mem)] = mem[:]
+        mem.close()
+        return grown
 
 
 _SLOT_BYTES = array("i").itemsize
-_FILL_MAX = 1 << 22  # (4 MiB: a conversation replay's grows, up to a million slots, all from the kept fill)
-_fill = b""
 
 
 class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
@@ -77,27 +86,30 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         """`grow_shift`: the array grows to its top key and top >> grow_shift more (_grow)."""
         if type(grow_shift) is not int or not 0 <= grow_shift <= 16:
             raise ValueError(f"page map grow_shift {grow_shift!r}: an int in [0, 16] expected")
-        self._dense = array("i")
-        self._dense.frombytes(_missing_bytes(1 << 12))
+        self._mem, self._dense = _slots(1 << 12)  # the slots hold ~value (module doc)
         self._np = np.frombuffer(self._dense, dtype=np.int32)  # the same memory, for big calls
         self._sparse: dict[int, int] = {}
         self._grow_shift = grow_shift
 
     def __getstate__(self) -> dict:
-        """copy / pickle: the attributes and the array (on the compiled data plane `_dense` is
-        the C base's, not in __dict__; `_np`, a view of it, is made again)."""
-        return {"_dense": self._dense, "_sparse": self._sparse, "_grow_shift": self._grow_shift}
+        """copy / pickle: the attributes and the array as before session 36, an array('i') of
+        the values, MISSING where never set (the mapping and its views are made again)."""
+        values = array("i", np.invert(self._np).tobytes())
+        return {"_dense": values, "_sparse": self._sparse, "_grow_shift": self._grow_shift}
 
     def __setstate__(self, state: dict) -> None:
-        self._dense = state["_dense"]
+        values = np.frombuffer(state["_dense"], dtype=np.int32)
+        self._mem, self._dense = _slots(max(len(values), 1))
         self._np = np.frombuffer(self._dense, dtype=np.int32)
+        set_at = np.flatnonzero(values != MISSING)  # the pages of slots never set left untouched
+        self._np[set_at] = np.invert(values[set_at])
         self._sparse = state["_sparse"]
         self._grow_shift = state.get("_grow_shift", GROW_SHIFT)
 
     def __len__(self) -> int:
         dense, n = self._dense, len(self._dense)
-        shadowed = sum(1 for k in self._sparse if k < n and dense[k] != MISSING)  # moved into the array
-        return int(np.count_nonzero(self._np != MISSING)) + len(self._sparse) - shadowed
+        shadowed = sum(1 for k in self._sparse if k < n and dense[k])  # moved into the array
+        return int(np.count_nonzero(self._np)) + len(self._sparse) - shadowed
 
     @staticmethod
     def keys_array(keys: Iterable[int] | np.ndarray) -> np.ndarray:
@@ -127,10 +139,15 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         same keys, each grow a copy of its array (realloc) and a fill, and 16 maps grown by an
         eighth were ~560 grows and ~0.1 s of a --dp 8 conversation replay (issue 41), against
         ~10 a map by half; a map holds at most twice its top key below DOUBLE_SLOTS, half again
-        above."""
+        above. The array is a mapping now (session 36): a grow is mremap, which moves the pages
+        and copies none, its new slots the kernel's zero pages (MISSING), written by nothing;
+        the sizes are kept as they were (the doubling no longer saves a copy, only mremap calls),
+        so the array holds the same keys as before."""
         size = max(((top + (top >> self._grow_shift)) | 4095) + 1, min(2 * len(self._dense), DOUBLE_SLOTS))
-        del self._np  # an array exporting its buffer cannot be resized
-        self._dense.frombytes(_missing_bytes(size - len(self._dense)))
+        del self._np  # a mapping with a view exporting it cannot be resized
+        self._dense.release()
+        self._mem = _resized(self._mem, _SLOT_BYTES * size)
+        self._dense = memoryview(self._mem).cast("i")
         self._np = np.frombuffer(self._dense, dtype=np.int32)
 
     def _set_many_py(self, keys, value: int, *, outputs_last: bool = False) -> None:
@@ -141,17 +158,18 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         agree)."""
         if not 0 <= value <= _MAX_VALUE:
             raise OverflowError(f"page map value {value} outside [0, 2**31)")
+        slot = ~value  # what a slot holds (module doc); the dict holds values as they are
         if len(keys) <= SMALL_CALL and not isinstance(keys, np.ndarray):
             dense, reach = self._dense, self._reach()
             for k in keys:
                 if k < 0:
                     continue  # an output page
                 if k < len(dense):
-                    dense[k] = value
+                    dense[k] = slot
                 elif k < reach:
                     self._grow(k)
                     dense = self._dense
-                    dense[k] = value
+                    dense[k] = slot
                 else:
                     self._sparse[k] = value
             return
@@ -164,7 +182,7 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
                 return
         else:
             try:  # every key inside the array already (the common case): one store
-                self._np[arr] = value
+                self._np[arr] = slot
                 return
             except IndexError:  # numpy checks every key before it stores one
                 pass
@@ -174,7 +192,7 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
             top = int(part.max())
             if top >= len(self._dense):
                 self._grow(top)
-            self._np[part] = value
+            self._np[part] = slot
         if part is not arr:
             self._sparse.update(dict.fromkeys(arr[~inside].tolist(), value))
 
@@ -186,7 +204,7 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
     def get_list(self, keys: list[int]) -> list[int]:
         """The values of a few keys, MISSING for keys never set (a Python loop: for small calls)."""
         dense, n, sparse = self._dense, len(self._dense), self._sparse
-        out = [dense[k] if 0 <= k < n else MISSING for k in keys]
+        out = [~dense[k] if 0 <= k < n else MISSING for k in keys]
         if sparse:
             out = [sparse.get(k, MISSING) if v == MISSING else v for k, v in zip(keys, out)]
         return out
@@ -200,13 +218,13 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         out = None
         if arr.size and (inputs or arr.min() >= 0):
             try:  # every key inside the array (the common case): one gather
-                out = self._np.take(arr)
+                out = np.invert(self._np.take(arr))
             except IndexError:  # a key past the array's end: the masked path below
                 out = None
         if out is None:
             inside = (arr < len(self._dense)) & (arr >= 0)
             out = np.full(arr.size, MISSING, dtype=np.int64)
-            out[inside] = self._np[arr[inside]]
+            out[inside] = np.invert(self._np[arr[inside]])
         if self._sparse and arr.size:
             ask = np.flatnonzero((out == MISSING) & (arr >= 0))
             if ask.size:

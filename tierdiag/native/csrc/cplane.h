@@ -76,8 +76,10 @@
  * 28: text_column (an object column of str and None as an Arrow string array's buffers, handed
  *     over out of band; session 34, h44rec).
  * 29: BatchPages replaces PageKeySet (a prefill batch's shared pages from its members' key chains,
- *     a compare or two a member, no hash set of their keys; session 36, h46miss). */
-#define CPLANE_API 29
+ *     a compare or two a member, no hash set of their keys; session 36, h46miss).
+ * 30: a page map's slot holds ~value (0 = MISSING, pages never set left untouched): map_set and
+ *     MapCore store it, blame reads it (session 36, h46maps). */
+#define CPLANE_API 30
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256

@@ -1,4 +1,5 @@
-/* engine/pagemap.py's PageMap on its int32 array: map_set, set_many's common case (every key
+/* engine/pagemap.py's PageMap on its int32 array (a slot holds its value's complement, ~value:
+ * zero bytes, a page the kernel never had to touch, are MISSING = -1; session 36): map_set, set_many's common case (every key
  * inside the array; PageMap._set_many_py is the reference), and blame, of a request's computed
  * pages how many were cached once and which evictions took them (pagemap.blame_py is the
  * reference). */
@@ -33,11 +34,11 @@ int32_view(PyObject *obj, Py_buffer *b, int flags)
 PyDoc_STRVAR(map_set_doc,
 "map_set(dense, keys, value) -> 0, or -1\n\n"
 "PageMap.set_many's common case on its array (a 1-D native int32 buffer, writable): dense[k] =\n"
-"value for every key, a negative key (an output page) skipped. -1, having changed nothing, if\n"
+"~value (the slot's form: 0 is MISSING) for every key, a negative key (an output page) skipped. -1, having changed nothing, if\n"
 "a key is past the array's end, the value outside [0, 2**31) or an argument of another type:\n"
 "PageMap's Python path then (it grows the array, or keeps the key in its dict).");
 
-/* dense[k] = value for every key (negative keys skipped): 1 done, 0 declined having changed
+/* dense[k] = ~value for every key (negative keys skipped): 1 done, 0 declined having changed
  * nothing (a key past the end, a value outside [0, 2**31), another type), -1 MemoryError. */
 static int
 map_set_impl(PyObject *dense_o, PyObject *keys_o, PyObject *value_o)
@@ -78,7 +79,7 @@ map_set_impl(PyObject *dense_o, PyObject *keys_o, PyObject *value_o)
     }
     for (i = 0; i < n; i++) {
         if (keys.v[i] >= 0) {
-            dense[keys.v[i]] = (int32_t)value;
+            dense[keys.v[i]] = ~(int32_t)value;
         }
     }
     ints_free(&keys);
@@ -182,8 +183,8 @@ PyTypeObject cp_MapCoreType = {
 
 PyDoc_STRVAR(blame_doc,
 "blame(cached, demoted, keys, lost, ps) -> int, or -1\n\n"
-"pagemap.blame on the page maps' arrays (1-D native int32 buffers: PageMap._dense, -1 where a\n"
-"key was never set, past the end too): how many of the keys were cached once (value >= 0);\n"
+"pagemap.blame on the page maps' arrays (1-D native int32 buffers: PageMap._dense, each slot\n"
+"~value, 0 where a key was never set; past the end MISSING too): how many of the keys were cached once (value >= 0);\n"
 "with `lost` a dict, also adds ps tokens to lost[eid] for each page an eviction took (its\n"
 "cached value, when > 0), then for each once-cached page's demotion before (demoted value\n"
 "> 0), ids added in that order, run by run. -1 (nothing changed) for a negative key or\n"
@@ -288,7 +289,7 @@ cp_blame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     for (i = 0; i < n; i++) {
         int64_t k = keys.v[i];
-        int32_t e = k < nc ? cached[k] : -1;
+        int32_t e = k < nc ? ~cached[k] : -1;
         if (e >= 0) {
             found++;
             if (took != NULL && e > 0) {
@@ -299,8 +300,8 @@ cp_blame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (took != NULL && found) {
         for (i = 0; i < n; i++) {
             int64_t k = keys.v[i];
-            if ((k < nc ? cached[k] : -1) >= 0) {
-                int32_t d = k < nd ? demoted[k] : -1;
+            if ((k < nc ? ~cached[k] : -1) >= 0) {
+                int32_t d = k < nd ? ~demoted[k] : -1;
                 if (d > 0) {
                     took[ntook++] = d;
                 }
