@@ -14,26 +14,32 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.engine.helpers import small_config, source_twin
+from tests.engine.helpers import small_config
 from tierdiag.engine import compiled, controller, deployment
 from tierdiag.engine.engine import Engine
+from tierdiag.native import cplane
 
-DEPLOYMENT_TWIN = source_twin("deployment", "_deployment_twin")
 
-
-def _dataclass_twin(module: str, name: str):
-    """source_twin for a module with dataclasses (their fields are looked up in sys.modules)."""
+def _twin(module: str, name: str):
+    """source_twin, the module in sys.modules while it runs (a dataclass's fields are looked up
+    there), the data plane's pairs left as they were (the source's `cplane.choose` registers its
+    own functions under the compiled module's names, which test_cplane checks)."""
     import importlib.util
     import sys
 
+    kept = cplane.pairs()
     spec = importlib.util.spec_from_file_location(name, compiled.source_path(module))
-    loaded = importlib.util.module_from_spec(spec)
-    sys.modules[name] = loaded
-    spec.loader.exec_module(loaded)
+    sys.modules[name] = loaded = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(loaded)
+    finally:
+        cplane._PAIRS.clear()
+        cplane._PAIRS.update(kept)
     return loaded
 
 
-CONTROLLER_TWIN = _dataclass_twin("controller", "_controller_twin")
+DEPLOYMENT_TWIN = _twin("deployment", "_deployment_twin")
+CONTROLLER_TWIN = _twin("controller", "_controller_twin")
 
 # times: a few (ties at every pop), or any int64, or past it either way
 _time = st.one_of(st.integers(0, 3), st.integers(-2**63, 2**63 - 1), st.integers(-2**70, 2**70))
