@@ -43,12 +43,16 @@ _DEMOTE: Final[str] = EvictionAction.DEMOTE
 _DROP: Final[str] = EvictionAction.DROP
 _DELETE: Final[str] = EvictionAction.DELETE
 _FREE_DUPLICATE: Final[str] = EvictionAction.FREE_DUPLICATE
-# EngineStats.evictions' keys (tier/action), made once: a key made an eviction was two string
-# allocations and its hash (issue 41, session 24)
-_DEVICE_DEMOTE: Final[str] = _DEVICE + "/" + _DEMOTE
-_DEVICE_DROP: Final[str] = _DEVICE + "/" + _DROP
-_HOST_DELETE: Final[str] = _HOST + "/" + _DELETE
-_HOST_FREE_DUPLICATE: Final[str] = _HOST + "/" + _FREE_DUPLICATE
+# EngineStats.evictions' keys (tier/action), each counted in a native int of EngineStats under its
+# code (the key's place here): a dict's get, add and set an eviction were ~510 instructions
+# (issue 41, session 36)
+EVICTION_KEYS: Final[tuple[str, ...]] = (_DEVICE + "/" + _DEMOTE, _DEVICE + "/" + _DROP, _HOST + "/" + _DELETE,
+                                         _HOST + "/" + _FREE_DUPLICATE, Tier.STORAGE + "/" + _DELETE)
+_DEVICE_DEMOTE: Final = 0
+_DEVICE_DROP: Final = 1
+_HOST_DELETE: Final = 2
+_HOST_FREE_DUPLICATE: Final = 3
+_STORAGE_DELETE: Final = 4
 
 
 def _as_list(run: Any) -> Any:
@@ -80,7 +84,14 @@ class EngineStats:
     # Python int and its list slot (~40 MB of a 1M-request run's engine process; issue 41).
     load_back_ns: array = field(default_factory=_int64s)
     skipped: dict = field(default_factory=dict)  # reason -> count
-    evictions: dict = field(default_factory=dict)  # "tier/action" -> count
+    # The evictions a "tier/action" (EVICTION_KEYS, by code): native ints, `evictions` the dict
+    # made when read, its keys in the order first counted (`eviction_order`: their codes)
+    evicted_device_demote: int = 0
+    evicted_device_drop: int = 0
+    evicted_host_delete: int = 0
+    evicted_host_free_duplicate: int = 0
+    evicted_storage_delete: int = 0
+    eviction_order: list[int] = field(default_factory=list)
     backups: int = 0
     backup_bytes: int = 0
     backups_skipped: int = 0
@@ -96,6 +107,35 @@ class EngineStats:
     decode_ns: int = 0  # virtual time the GPU spent in decode steps (not a mixed batch's)
     retractions: int = 0  # requests retracted for decode memory (retract_decode)
     virtual_end_ns: int = 0
+
+    @property
+    def evictions(self) -> dict[str, int]:
+        """"tier/action" -> count, in the order each was first counted (a new dict each read)."""
+        counts = (self.evicted_device_demote, self.evicted_device_drop, self.evicted_host_delete,
+                  self.evicted_host_free_duplicate, self.evicted_storage_delete)
+        return {EVICTION_KEYS[code]: counts[code] for code in self.eviction_order}
+
+    def count_evictions(self, code: int, n: int) -> None:
+        """`n` more evictions of EVICTION_KEYS[code]."""
+        if code == _DEVICE_DEMOTE:
+            before = self.evicted_device_demote
+            self.evicted_device_demote = before + n
+        elif code == _DEVICE_DROP:
+            before = self.evicted_device_drop
+            self.evicted_device_drop = before + n
+        elif code == _HOST_DELETE:
+            before = self.evicted_host_delete
+            self.evicted_host_delete = before + n
+        elif code == _HOST_FREE_DUPLICATE:
+            before = self.evicted_host_free_duplicate
+            self.evicted_host_free_duplicate = before + n
+        elif code == _STORAGE_DELETE:
+            before = self.evicted_storage_delete
+            self.evicted_storage_delete = before + n
+        else:
+            raise ValueError(f"no eviction key has code {code}")
+        if before == 0 and n != 0:
+            self.eviction_order.append(code)
 
 
 class StorageWrite:
@@ -311,9 +351,9 @@ class CacheController:
         return self.cost.copy_ns(nbytes, pages, to_device=to_device, runs=runs)
 
     def record_eviction(self, node: TreeNode, tier: str, action: str, cause: str | None, now_ns: int,
-                        key: str, free: int = -1) -> int:
-        """An eviction's id, counts and row; `key` is EngineStats.evictions' `tier/action` (one of
-        the module's made-once keys). `free`: the tier's pool's free pages as the eviction loop
+                        key: int, free: int = -1) -> int:
+        """An eviction's id, counts and row; `key` is EngineStats.evictions' `tier/action` by its
+        code (its place in EVICTION_KEYS). `free`: the tier's pool's free pages as the eviction loop
         read them, nothing allocated or freed in that pool since (its row's used tokens are
         capacity - free at this moment); -1: read here."""
         if self.on_eviction is not None:
@@ -323,7 +363,7 @@ class CacheController:
         self._next_eviction += self.id_step
         # (the tokens a tier lost are the rows' sum: a per-tier dict of them, which nothing read,
         # was ~500 instructions an eviction; issue 41, session 28)
-        self.stats.evictions[key] = self.stats.evictions.get(key, 0) + 1
+        self.stats.count_evictions(key, 1)
         emit = self.emit.eviction
         if emit is not None:
             tokens = len(node.keys) * self.page_size
@@ -802,8 +842,7 @@ class CacheController:
             end = start + self.cost.storage_ns(pages * self.page_bytes)
             storage.free_ns = end
         if deleted:
-            key = "storage/delete"
-            self.stats.evictions[key] = self.stats.evictions.get(key, 0) + deleted
+            self.stats.count_evictions(_STORAGE_DELETE, deleted)
         if self.emit.transfer is not None:
             self._transfer_row(start, end, TransferKind.STORAGE_WRITE, cause, pages, 1,
                                pages * self.page_bytes, dp_bytes, max(0, start - now_ns), 0, None)

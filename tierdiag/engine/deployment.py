@@ -32,7 +32,6 @@ the engine before deployments).
 
 from __future__ import annotations
 
-import heapq
 import math
 from bisect import bisect_right
 from typing import Any, Final, Iterable, Sequence
@@ -215,6 +214,88 @@ class AheadRun:
         return self._starts
 
 
+class Event:
+    """An event of the deployment's heap: its time (ns), its order (the pushes' count: events at
+    one time run in the order given), its rank's scheduler and the call `fn(arg)`. Native
+    fields: the heap compares the two ints compiled, where a tuple's heappush compared tuples
+    by rich compare (issue 41 session 36)."""
+
+    __slots__ = ("t_ns", "order", "sched", "fn", "arg")
+
+    def __init__(self, t_ns: int, order: int, sched: Scheduler, fn: Any, arg: Any) -> None:
+        self.t_ns = t_ns
+        self.order = order
+        self.sched = sched
+        self.fn = fn
+        self.arg = arg
+
+
+class EventHeap:
+    """Events, a binary min-heap on (t_ns, order) in `items` (items[0] the next): the
+    deployment's, and each rank's own beside it (the same Events). The orders are given by
+    `push`, each one more than the last, so no two events compare equal and the pops' order is
+    the one any heap on those keys gives (heapq's on the tuples (t_ns, order, ...) before:
+    tests/engine/test_event_heap.py)."""
+
+    def __init__(self) -> None:
+        self.items: list[Event] = []
+        self.last_order = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def push(self, t_ns: int, sched: Scheduler, fn: Any, arg: Any) -> Event:
+        """A new event, its order the next, put in; returned (for a rank's own heap)."""
+        order = self.last_order + 1
+        self.last_order = order
+        event = Event(t_ns, order, sched, fn, arg)
+        self.put(event)
+        return event
+
+    def put(self, event: Event) -> None:
+        """`event` put in: its order above every order in this heap (each `push` gives the next)."""
+        t_ns = event.t_ns
+        items = self.items
+        pos = len(items)
+        items.append(event)
+        # (up past the parents later in time: the new order is above every order in the heap,
+        # so a parent at the same time stays first)
+        while pos > 0:
+            parent_pos = (pos - 1) >> 1
+            parent = items[parent_pos]
+            if t_ns >= parent.t_ns:
+                break
+            items[pos] = parent
+            pos = parent_pos
+        items[pos] = event
+
+    def pop(self) -> Event:
+        """The next event, taken out (the heap not empty)."""
+        items = self.items
+        last = items.pop()
+        n = len(items)
+        if n == 0:
+            return last
+        top = items[0]
+        t_ns, order = last.t_ns, last.order
+        pos = 0
+        child_pos = 1
+        while child_pos < n:
+            child = items[child_pos]
+            right_pos = child_pos + 1
+            if right_pos < n:
+                right = items[right_pos]
+                if right.t_ns < child.t_ns or (right.t_ns == child.t_ns and right.order < child.order):
+                    child, child_pos = right, right_pos
+            if child.t_ns > t_ns or (child.t_ns == t_ns and child.order > order):
+                break
+            items[pos] = child
+            pos = child_pos
+            child_pos = 2 * pos + 1
+        items[pos] = last
+        return top
+
+
 class _Lane:
     """A rank as the loop reads it at every wake: when its GPU is free again (ns) and its rule
     storage_acks_per_pass (idle_pass_changes). Native attributes: the loop read each rank's
@@ -243,9 +324,9 @@ def _stuck_rank(lanes: list[_Lane], now: int, ran_mask: int) -> bool:
 
 
 def _ahead_limit(src: ArrivalSource, now: int, closed: bool, has_next: bool, src_next: int,
-                 own: list[int]) -> int | None:
+                 own: list[Event]) -> int | None:
     """Where a rank's run-ahead from `now` stops: the next arrival (asked of the source in a
-    closed loop) or the rank's own next event (`own`: its events' times, a heap), whichever is
+    closed loop) or the rank's own next event (`own`: its events, a heap), whichever is
     first; None where there is neither. Another rank's event is no limit (issue 41 session 33:
     on a --dp 8 conversation replay it stopped most runs): what it changes reaches this rank
     only at an arrival (the router's view: peeks, `ranks_json`, the gateway's counts) or by an
@@ -259,7 +340,7 @@ def _ahead_limit(src: ArrivalSource, now: int, closed: bool, has_next: bool, src
     the pass-by-pass loop's and to the loop's that stopped at every rank's next event."""
     limit = src.next_ns(now) if closed else (src_next if has_next else None)
     if own:
-        head_ns = own[0]
+        head_ns = own[0].t_ns
         if limit is None or head_ns < limit:
             limit = head_ns
     return limit
@@ -289,17 +370,16 @@ class Deployment:
         # (typed: the loop reads the head's time as a native int, where an untyped list's
         # `events[0][0]` was a generic item read and a compare with `now` boxed, issue 41)
         # (its order an object: only the time is read natively, one unbox a head, not two)
-        self.events: list[tuple[int, Any, Scheduler, Any, Any]] = []
-        # the events' order: the last one given (a native int the events' `at` raises: an
-        # itertools.count's `next` was a builtins look-up and a generic call an event, ~0.3 k
-        # instructions of the ~1.8 k an `at` was on a --dp 8 conversation replay, issue 41)
-        self._last_order = 0
-        # Each rank's events' times (a heap of ints beside `events`: pushed by its `at`, popped
-        # with its event): where its run-ahead stops (`_ahead_limit`). Kept while steps may run
+        # (a heap of native Events, their order given by the heap: an itertools.count's `next`
+        # was a builtins look-up and a generic call an event, issue 41; heapq's pushes of tuples
+        # compared them by rich compare, ~32 M instructions of a --dp 8 conversation replay)
+        self.events = EventHeap()
+        # Each rank's events (a heap beside `events`, of the same Events: put in by its `at`,
+        # popped with its event): where its run-ahead stops (`_ahead_limit`). Kept while steps may run
         # ahead: not once a closed loop has met a session (`_untrack`), where two heap
         # operations an event were +0.3 % instructions on a --dp 4 synth replay (issue 41
         # session 33), nor where a probe takes the decode steps
-        self.own_times: list[list[int]] = [[] for _ in ranks]
+        self.own_times: list[EventHeap] = [EventHeap() for _ in ranks]
         self.track_own = True
         self.in_flight: dict[int, tuple[int, RequestView]] = {}  # request seq -> (rank, what the router saw)
         self.session_rank: dict[str, int] = {}  # a session's last rank (where its dropped turns are recorded)
@@ -311,19 +391,13 @@ class Deployment:
             sched.on_leave = self._leave
 
     def _at_for(self, sched: Scheduler):
-        push, events, own = heapq.heappush, self.events, self.own_times[sched.rank]
-        dep = self
+        events, own = self.events, self.own_times[sched.rank]
 
         def at(t_ns: int, fn, arg) -> None:
-            order = dep._last_order + 1
-            dep._last_order = order
-            push(events, (t_ns, order, sched, fn, arg))
+            events.push(t_ns, sched, fn, arg)
 
         def at_tracked(t_ns: int, fn, arg) -> None:
-            order = dep._last_order + 1
-            dep._last_order = order
-            push(events, (t_ns, order, sched, fn, arg))
-            push(own, t_ns)
+            own.put(events.push(t_ns, sched, fn, arg))
 
         return at_tracked if self.track_own else at
 
@@ -332,8 +406,8 @@ class Deployment:
         self.track_own = False
         for sched in self.ranks:
             sched.at = sched.ctrl.at = self._at_for(sched)
-        for times in self.own_times:
-            times.clear()
+        for own in self.own_times:
+            own.items.clear()
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, requests: Iterable[TraceRequest]) -> EngineStats:
@@ -344,8 +418,8 @@ class Deployment:
             sched.arrivals = src
         lanes = [_Lane(sched) for sched in ranks]
         events = self.events
+        heads = events.items  # (items[0]: the next event; the heap keeps this list)
         own_times = self.own_times
-        pop = heapq.heappop
         ticks = [t for t in dict.fromkeys(s.emit.tick for s in ranks) if t is not None]
         arrive = self._arrive
         # An idle rank passes (Scheduler.idle_pass) only where that can change something
@@ -386,12 +460,13 @@ class Deployment:
                 if deliver:
                     for t, at, trace_at, think_ms in src.due(now):
                         arrive(t, at, trace_at, think_ms)
-                while events and events[0][0] <= now:
-                    t_ns, _, sched, fn, arg = pop(events)
+                while heads and heads[0].t_ns <= now:
+                    event = events.pop()
+                    sched = event.sched
                     if track:
-                        pop(own_times[sched.rank])  # (the rank's earliest: no event of it is before this one)
-                    sched.event_ns = t_ns
-                    fn(arg)
+                        own_times[sched.rank].pop()  # (the rank's earliest: no event of it is before this one)
+                    sched.event_ns = event.t_ns
+                    event.fn(event.arg)
                 if deliver:
                     asked = src.next_ns(now)
                     has_next, src_next = asked is not None, asked if asked is not None else 0
@@ -428,7 +503,7 @@ class Deployment:
                             and (not sched.waiting or sched.batch_is_full):
                         first_step = sched.dstep
                         end = sched.run_decode_ahead(now, _ahead_limit(src, now, closed, has_next, src_next,
-                                                                       own_times[rank]))
+                                                                       own_times[rank].items))
                         if sched.dstep > first_step:
                             last = _start_run(run_at_once, rank, sched, now, first_step, end)
                             if last > at_once_until:
@@ -444,7 +519,7 @@ class Deployment:
                     if ended is not None:
                         end = ended  # (unboxed once)
                         if runs_ahead:
-                            limit = _ahead_limit(src, now, closed, has_next, src_next, own_times[rank])
+                            limit = _ahead_limit(src, now, closed, has_next, src_next, own_times[rank].items)
                             start, first_step = end, sched.dstep
                             end = sched.run_decode_ahead(end, limit)
                             if sched.dstep > first_step:
@@ -467,8 +542,8 @@ class Deployment:
                 for tick in ticks:  # a batch's events are in: the probe may flush its buffers
                     tick()
             has_nxt, nxt = has_next, src_next
-            if events:
-                head_ns = events[0][0]
+            if heads:
+                head_ns = heads[0].t_ns
                 if not has_nxt or head_ns < nxt:
                     has_nxt, nxt = True, head_ns
             if have_free and (not has_nxt or min_free < nxt):

@@ -1,0 +1,143 @@
+"""The deployment's event heap (deployment.EventHeap, a rank's own beside it) and EngineStats'
+eviction counts (issue 41, session 36): the compiled classes and their Python source, the twin,
+against heapq on the tuples the loop pushed before (time, order given by the pushes, ...): the
+same events popped in the same order, ties at one time in the order they were pushed, whatever
+the times (int64's ends, past them, negative); the counts' dict as the dict that counted them."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import heapq
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.engine.helpers import small_config
+from tierdiag.engine import compiled, controller, deployment
+from tierdiag.engine.engine import Engine
+from tierdiag.native import cplane
+
+
+def _twin(module: str, name: str):
+    """source_twin, the module in sys.modules while it runs (a dataclass's fields are looked up
+    there), the data plane's pairs left as they were (the source's `cplane.choose` registers its
+    own functions under the compiled module's names, which test_cplane checks)."""
+    import importlib.util
+    import sys
+
+    kept = cplane.pairs()
+    spec = importlib.util.spec_from_file_location(name, compiled.source_path(module))
+    sys.modules[name] = loaded = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(loaded)
+    finally:
+        cplane._PAIRS.clear()
+        cplane._PAIRS.update(kept)
+    return loaded
+
+
+DEPLOYMENT_TWIN = _twin("deployment", "_deployment_twin")
+CONTROLLER_TWIN = _twin("controller", "_controller_twin")
+
+# times: a few (ties at every pop), or any int64, or past it either way
+_time = st.one_of(st.integers(0, 3), st.integers(-2**63, 2**63 - 1), st.integers(-2**70, 2**70))
+# an op: a push at a time, or a pop (None)
+_ops = st.lists(st.one_of(_time, st.none()), max_size=300)
+
+
+@pytest.fixture(scope="module")
+def scheds():
+    """Two real schedulers (the compiled Event types its rank's as Scheduler)."""
+    return Engine(small_config(dp=2)).deployment.ranks
+
+
+def test_the_compiled_heap_is_the_one_tested():
+    if compiled.is_compiled():
+        assert not hasattr(deployment.EventHeap.push, "__code__")
+        assert not hasattr(controller.EngineStats.count_evictions, "__code__")
+    assert hasattr(DEPLOYMENT_TWIN.EventHeap.push, "__code__")
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_ops)
+def test_events_pop_in_heapq_s_order(scheds, ops):
+    for module in (deployment, DEPLOYMENT_TWIN):
+        heap, ref = module.EventHeap(), []
+        order = 0
+        for i, t in enumerate(ops):
+            if t is not None:
+                order += 1
+                sched = scheds[i % 2]
+                heap.push(t, sched, len, i)
+                heapq.heappush(ref, (t, order, sched, len, i))
+                assert heap.last_order == order
+            elif ref:
+                event = heap.pop()
+                want = heapq.heappop(ref)
+                assert (event.t_ns, event.order, event.sched, event.fn, event.arg) == want
+            assert len(heap) == len(ref)
+            if ref:
+                assert (heap.items[0].t_ns, heap.items[0].order) == ref[0][:2]
+        while ref:  # drained: every tie in push order
+            event = heap.pop()
+            assert (event.t_ns, event.order, event.arg) == (lambda w: (w[0], w[1], w[4]))(heapq.heappop(ref))
+        assert heap.items == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_ops, ranks=st.integers(1, 4))
+def test_each_rank_s_own_heap_pops_the_event_the_deployment_s_pops(scheds, ops, ranks):
+    """A rank's own heap (the same Events, `put` in as pushed): its head is the rank's next
+    event, and the event the deployment's heap pops next for a rank is its own heap's pop."""
+    for module in (deployment, DEPLOYMENT_TWIN):
+        heap = module.EventHeap()
+        own = [module.EventHeap() for _ in range(ranks)]
+        for i, t in enumerate(ops):
+            if t is not None:
+                own[i % ranks].put(heap.push(t, scheds[0], len, i % ranks))
+            elif heap.items:
+                event = heap.pop()
+                assert own[event.arg].pop() is event
+            for rank, mine in enumerate(own):
+                pending = [e for e in heap.items if e.arg == rank]
+                assert len(mine) == len(pending)
+                if pending:
+                    assert mine.items[0] is min(pending, key=lambda e: (e.t_ns, e.order))
+        while heap.items:
+            event = heap.pop()
+            assert own[event.arg].pop() is event
+        assert all(not mine.items for mine in own)
+
+
+_count = st.tuples(st.integers(0, 4), st.one_of(st.integers(1, 3), st.integers(1, 2**70)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(counts=st.lists(_count, max_size=60))
+def test_eviction_counts_read_as_the_dict_that_counted_them(counts):
+    keys = controller.EVICTION_KEYS
+    assert keys == CONTROLLER_TWIN.EVICTION_KEYS == (
+        "device/demote", "device/drop", "host/delete", "host/free_duplicate", "storage/delete")
+    want: dict[str, int] = {}
+    for code, n in counts:
+        want[keys[code]] = want.get(keys[code], 0) + n
+    for module in (controller, CONTROLLER_TWIN):
+        stats = module.EngineStats()
+        for code, n in counts:
+            stats.count_evictions(code, n)
+        got = stats.evictions
+        assert got == want and list(got) == list(want)  # the keys in the order first counted
+        got["device/demote"] = -1  # a copy: the counts are the stats'
+        assert stats.evictions == want
+        assert dataclasses.asdict(copy.deepcopy(stats))["eviction_order"] == [keys.index(k) for k in want]
+
+
+@pytest.mark.parametrize("code", [-1, 5, 2**64])
+def test_an_unknown_eviction_code_is_refused(code):
+    for module in (controller, CONTROLLER_TWIN):
+        stats = module.EngineStats()
+        with pytest.raises((ValueError, OverflowError)):
+            stats.count_evictions(code, 1)
+        assert stats.evictions == {}
