@@ -90,7 +90,7 @@ HOOKS_WRITER = [
     ("tierdiag.diagnose.run.size_curves", "_taken_ahead", "ev.taken_ahead"),
     # The pass fed while recording (live_curves.py): whole_pass marked means the close walked it all.
     ("tierdiag.diagnose.run.size_curves", "_ReadAhead._feed_live", "live_pass"),
-    ("tierdiag.diagnose.run.size_curves", "_unsampled_pass", "ev.pass"),
+    ("tierdiag.diagnose.run.size_curves", "_pass", "ev.pass"),
     ("tierdiag.diagnose.run.live_curves", "LivePass.verify", "ev.verify"),
     ("tierdiag.diagnose.run.live_curves", "whole_pass", "ev.whole_pass"),
 ]

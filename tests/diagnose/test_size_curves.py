@@ -1400,3 +1400,64 @@ def test_a_read_ahead_the_close_cannot_use_is_let_go_and_the_reads_heap_handed_b
         assert sc.compute_size_curves(con, run) == alone
     assert not sc._READ_AHEAD and gone() is None
     assert events == ["read", "trim", "trim"], events  # after the read, after the pass
+
+
+def _sorted_close(monkeypatch) -> None:
+    """compute_size_curves as its close made the pass over the keys it read itself before issue 41's
+    session 37: an array of every touch (`_touches`, ~70 bytes a touch), sorted and walked at once
+    (`_pass_depths`), not `whole_pass` over an index of the run's rows (`_rows_index`)."""
+    made = sc._pass
+
+    def rows_index(cols, kept, lens, marks, lengths, keep, rate, touches):
+        return ("touches", cols, kept.array(), lens, None if marks is None else marks.array(), keep)
+
+    def passing(cols, index, live, page, several):
+        if isinstance(index, tuple):
+            _, c, flat, lens, marks, keep = index
+            return sc._pass_depths(*sc._touches(c, flat, lens, marks, page, keep))
+        return made(cols, index, live, page, several)
+
+    monkeypatch.setattr(sc, "_rows_index", rows_index)
+    monkeypatch.setattr(sc, "_pass", passing)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(part=st.floats(0.0, 1.0), budget=st.one_of(st.sampled_from([-1, 0, 1, 200, 2 ** 62]), st.integers(2, 6_000)),
+       one_rank=st.booleans(), walk=st.sampled_from([1, 7, 1 << 16]))
+def test_an_interrupted_runs_curves_are_the_pass_over_every_touch(all_finish, tmp_path, monkeypatch, part, budget,
+                                                                   one_rank, walk):
+    """A close that reads the trace itself (an interrupted run's: its rows end part-way, so the
+    read-ahead's sample is not its own) walks its pass over an index of its rows' keys (dense ids,
+    as the read-ahead's, walked `_WALK_EVENTS` at a time), not over an array of every touch (issue
+    41: the interrupted 1M-request close passed 1 GB). Wherever the run stops, whatever the budget
+    (sampled or not, hostile ones included), of one rank or two, the curves are the ones the pass
+    over every touch makes."""
+    from tierdiag.diagnose.run import live_curves
+
+    import duckdb
+
+    trace, db = all_finish
+    n = len(trace.read_text().splitlines())
+    kept = max(1, min(n, round(part * n)))
+    cut = _interrupted_copy(db, tmp_path, kept)
+    if one_rank:
+        with duckdb.connect(str(cut)) as con:
+            con.execute("UPDATE requests SET dp_rank = 0")
+    monkeypatch.setattr(sc, "MAX_TOUCHES", budget)
+    monkeypatch.setattr(live_curves, "_WALK_EVENTS", walk)
+    with open_store(cut) as con:
+        run = resolve_run(con, None)
+        walked = []
+        whole = live_curves.whole_pass
+        with monkeypatch.context() as m:
+            m.setattr(live_curves, "whole_pass", lambda *a, **k: walked.append(1) or whole(*a, **k))
+            got = sc.compute_size_curves(con, run)
+        assert walked == [1]  # the index's pass, walked here
+        with monkeypatch.context() as m:  # (each example's own: Hypothesis runs them in one test)
+            _sorted_close(m)
+            want = sc.compute_size_curves(con, run)
+    assert got == want
+    if budget == 2 ** 62:
+        assert got.sample_rate == 1.0  # exact
+    elif budget <= 1:
+        assert got.sample_rate < 1  # sampled down to a budget the rate takes as 1 touch

@@ -200,6 +200,9 @@ _TALLY_MOST = 1 << 21
 # one integer array since 1.25 (before, ~10x slower than a sort of the depths).
 _FAST_ADD_AT = np.lib.NumpyVersion(np.__version__) >= "1.25.0"
 _ONE32 = np.int32(1)
+# Events a walk of `LivePass.advance` takes at most (a pass fed while recording walks a few
+# thousand at a time; the close's `whole_pass`, every event of the run).
+_WALK_EVENTS = 1 << 16
 
 
 class TraceIndex:
@@ -531,8 +534,14 @@ class LivePass:
         if len(ev) == 0:
             return 0
         ev = ev[np.lexsort((ev[:, 2], ev[:, 1], ev[:, 0]))]  # by time, then finish (0) first, then seq
-        self._walk(ev[:, 3], ev[:, 1] == 1)
-        self.walked.append((2 * ev[:, 3] + ev[:, 1]).astype(self._code))
+        # Walked _WALK_EVENTS at a time: a walk's temporaries (each event's row values, a sampled
+        # pass's output pages and their hashes, its depths) stay small beside the pass, where one
+        # walk of every event (`whole_pass`) made them for the whole run at once (issue 41). The
+        # stack answers the same fed in any cuts.
+        for a in range(0, len(ev), _WALK_EVENTS):
+            part = ev[a:a + _WALK_EVENTS]
+            self._walk(part[:, 3], part[:, 1] == 1)
+            self.walked.append((2 * part[:, 3] + part[:, 1]).astype(self._code))
         return len(ev)
 
     def _walk(self, req: np.ndarray, is_sched: np.ndarray) -> None:
@@ -644,7 +653,7 @@ class LivePass:
 
     def let_walk_go(self) -> None:
         """The walk is verified and only its results are read from here on (the close, size_curves
-        `_unsampled_pass`): what it was walked from is let go before they are joined, each row's
+        `_pass`): what it was walked from is let go before they are joined, each row's
         values and the events walked here, the keys and their offsets in the index (issue 41:
         ~110 MB at a 1M-request close's peak). Nothing can be walked or verified after."""
         self.values = self.recorded = self.finished = None

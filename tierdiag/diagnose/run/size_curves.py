@@ -61,7 +61,12 @@ this model (tests/diagnose/test_size_curves.py checks them against an LRU simula
 
 One pass: the touches get positions; a Fenwick tree over the positions marks each key's latest
 touch, so a depth is one prefix count (O(log n)); compiled (tierdiag/native/stackdist/) with a
-Python reference that gives the same depths.
+Python reference that gives the same depths. The close walks it over an index of the requests'
+keys as dense ids (live_curves.py: the read-ahead's, fed while the run was recorded, or one made
+of the run's rows where the close reads the trace itself, `_rows_index`), a walk of a bounded
+number of events at a time; the pass over an array of every touch (`_touches`, `_pass_depths`:
+~70 bytes a touch, the close's own until issue 41's session 37) is the reference it is tested
+against.
 """
 
 from __future__ import annotations
@@ -487,22 +492,21 @@ def compute_size_curves(con: duckdb.DuckDBPyConnection, run) -> SizeCurves:
     cols = cols._replace(req_id=None)  # matched: the ids' hashes let go before the pass
     ranks = np.unique(cols.rank).tolist()
     tallied = None  # (distinct depths, counts) of a pass of one rank tallied while walked
-    if keep is None or index is not None:
-        passed = _unsampled_pass(cols, index, live, kept, lens, page, len(ranks) > 1)
-        del kept, index, live
-        if isinstance(passed[0], int):
-            lookups, *tallied = passed
-            lookup_rank = d_rank = d_all = None
-        else:
-            lookup_rank, d_rank, d_all = passed
-        del passed
+    if index is None:
+        # Read here (or the lines read ahead): the pass is walked over an index of the run's own
+        # rows, their kept keys as dense ids, as the read-ahead's pass is (live_curves.py), not
+        # over an array of every touch (`_touches`: ~70 bytes a touch, ~430 MB of the close of a
+        # 1M-request run interrupted half-way, which passed 1 GB; issue 41). The same depths.
+        index = _rows_index(cols, kept, lens, marks, lengths, keep, rate, touches)
+        kept = marks = None
+    passed = _pass(cols, index, live, page, len(ranks) > 1)
+    del kept, marks, index, live
+    if isinstance(passed[0], int):
+        lookups, *tallied = passed
+        lookup_rank = d_rank = d_all = None
     else:
-        # The touches handed over (popped, not held here): the pass lets its keys go once it has
-        # their order, and none of it outlives the pass (issue 41: ~180 MB of a 1M-request close).
-        touches_of = list(_touches(cols, kept.array(), lens, marks.array(), page, keep))
-        del kept, marks
-        lookup_rank, d_rank, d_all = _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0),
-                                                  touches_of.pop(0))
+        lookup_rank, d_rank, d_all = passed
+    del passed
     # Each array let go once what comes of it is made (one rank: d_all is d_rank, computed once):
     # after the pass, a sampled 1M-request close held ~8 arrays of every lookup at once (issue 41).
     if tallied is None:
@@ -640,22 +644,32 @@ def _matched(index, cols, run_id: str) -> tuple[int, np.ndarray]:
     return int(found.sum()), np.where(found, index.full_lens[pos], 0).astype(np.int64)
 
 
-def _unsampled_pass(cols, index, live, kept, lens, page: int, several: bool):
-    """(rank of each lookup, its depth on its rank, its depth over all ranks) of a pass that keeps
-    every touch: the one fed while the run was recorded (`live`, over `index`: live_curves.py)
-    where its walk is the rows' own, else walked whole here over `index`; where nothing was read
-    ahead, the pass over the rows' keys (`kept`, `lens`) as the close always made it (a sort of
-    every touch: cheaper than numbering the keys first for a pass made once). Where the fed pass
-    is of one rank and tallied its depths as it walked (live_curves.LivePass `depth_tally`):
-    (lookups, their distinct positive depths, how many of each) instead, what the close makes of
-    the depths (`_tally_sorted` of `_depth_pages`), made while the run was recorded."""
+def _rows_index(cols, kept, lens, marks, lengths, keep, rate: float, touches: int):
+    """live_curves.TraceIndex of the run's rows (`cols`, one position a row) from the keys the
+    close read for them (`kept`: each row's kept keys end to end, `lens` of each; `marks`: which
+    of them it looked up, where sampled by `keep` at `rate`, made from `touches`; `lengths`: its
+    distinct pages before sampling): what the read-ahead's `_Pages.index` makes of the trace's
+    lines, so that `whole_pass` walks it as it walks the read-ahead's."""
+    from tierdiag.diagnose.run import live_curves
+
+    flat = [kept.array()]  # handed over: written over with the ids
+    index = live_curves.TraceIndex.of_flat(cols.seq, flat.pop(), lens, consume=True)
+    if keep is not None:  # a row's looked-up keys are its first kept ones: how many
+        index.sampled(_segment_sums(marks.array(), lens), lengths, keep, rate, touches)
+    return index
+
+
+def _pass(cols, index, live, page: int, several: bool):
+    """(rank of each lookup, its depth on its rank, its depth over all ranks) of the pass over
+    `index` (sampled or not): the one fed while the run was recorded (`live`: live_curves.py)
+    where its walk is the rows' own, else walked whole here. Where the fed pass is of one rank
+    and tallied its depths as it walked (live_curves.LivePass `depth_tally`): (lookups, their
+    distinct positive depths, how many of each) instead, what the close makes of the depths
+    (`_tally_sorted` of `_depth_pages`), made while the run was recorded."""
     import numpy as np
 
     from tierdiag.diagnose.run import live_curves
 
-    if index is None:
-        touches_of = list(_touches(cols, kept.array(), lens, None, page, None))
-        return _pass_depths(touches_of.pop(0), touches_of.pop(0), touches_of.pop(0), touches_of.pop(0))
     pos = np.searchsorted(index.seq, cols.seq)
     if live is not None and (live.all_ranks or not several) and live.verify(pos, cols):
         del pos
@@ -1388,7 +1402,9 @@ def _replay_touches(rows, keys: dict, looked: dict | None, page: int, keep):
 
 def _touches(cols: CurveColumns, flat, lens, marks, page: int, keep):
     """The pass's touches, flat, in the replay's order: two groups a finished request (module
-    doc), events ordered by (time, finish before a schedule at the same time, seq).
+    doc), events ordered by (time, finish before a schedule at the same time, seq). With
+    `_pass_depths`, the reference of the close's pass over an index (live_curves `whole_pass`):
+    the close no longer makes these arrays (~70 bytes a touch; issue 41, session 37).
 
     A schedule group is the request's keys deepest first, those it looks up marked; a finish
     group its fresh output keys (negative, numbered in event order from -1 down, each group's
