@@ -56,6 +56,8 @@ HOOKS_MAIN = [
     ("tierdiag.app.replay_writers", "WriterInProcess.finished", "reap"),
     ("tierdiag.app.replay_writers", "InlineWriter.numbers", "numbers"),
     ("tierdiag.store.writer_process", "WriterProcess.finish", "finish_wait"),
+    # the writer reaped at this process's exit (atexit, WriterProcess._reap): the wait for its exit
+    ("tierdiag.store.writer_process", "exits_within", "reap_wait"),
     ("tierdiag.store.writer", "RunWriter.__init__", "store_open"),
     ("tierdiag.store.writer", "RunWriter.finish", "finish"),
     ("tierdiag.store.writer", "RunWriter.write", "write"),
@@ -70,6 +72,7 @@ HOOKS_WRITER = [
     ("tierdiag.store.writer_serve", "main", "serve"),
     ("tierdiag.store.writer_serve", "_Serve.open", "open"),
     ("tierdiag.store.writer_serve", "_Serve.finish", "finish"),
+    ("tierdiag.store.writer_serve", "_Serve.let_go", "let_go"),
     ("tierdiag.store.writer", "RunWriter.__init__", "store_open"),
     ("tierdiag.store.writer", "RunWriter.write", "write"),
     ("tierdiag.store.writer", "RunWriter.take", "take"),

@@ -1076,6 +1076,8 @@ def _nested(leaves):
     return st.recursive(leaves, lambda inner: st.one_of(
         st.lists(inner, max_size=5), st.lists(inner, max_size=5).map(tuple),
         st.lists(inner, max_size=3).map(_Named),
+        st.lists(st.tuples(inner, inner), max_size=5).map(tuple),  # pairs: encode's steps' fast path
+        st.lists(st.tuples(leaves, leaves), min_size=1, max_size=5).map(tuple),
         st.dictionaries(st.one_of(st.text(max_size=4), st.sampled_from([S._DC, S._TUPLE]), st.integers()),
                         inner, max_size=3),
         st.builds(_Point, inner, inner)), max_leaves=30)

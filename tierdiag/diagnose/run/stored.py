@@ -50,6 +50,8 @@ def encode(value):
     if kind in _PLAIN:
         return value
     if kind is tuple:
+        if value and _plain_pairs(value):  # the curves' steps: no call a pair (issue 41, session 37)
+            return {_TUPLE: [{_TUPLE: [a, b]} for a, b in value]}
         return {_TUPLE: [v if type(v) in _PLAIN else encode(v) for v in value]}
     if kind is list:
         return [v if type(v) in _PLAIN else encode(v) for v in value]
@@ -70,6 +72,14 @@ def encode(value):
         return value
     # numpy scalars, Decimals, datetimes: JSON would store them as something else.
     raise TypeError(f"{type(value).__name__} is not stored as itself in JSON: {value!r}")
+
+
+def _plain_pairs(value: tuple) -> bool:
+    """Whether every item of `value` is a plain tuple of two leaves: the size curves' and the
+    session pauses' (size, tokens) steps, thousands a run, each `{_TUPLE: [size, tokens]}` as
+    `encode` makes it, made in one comprehension rather than a call each (~1.5 -> ~0.7 ms of the
+    close's serial tail on the conversation trace's 5,269 steps)."""
+    return all(type(v) is tuple and len(v) == 2 and type(v[0]) in _PLAIN and type(v[1]) in _PLAIN for v in value)
 
 
 def decode(value, classes: dict):
