@@ -396,6 +396,13 @@ def entry() -> None:
         from tierdiag.app.sweep_fork import warm_up_workers
 
         warm_up_workers()
+        # The driver's imports (Typer, duckdb, pyarrow, numpy, Rich: ~10^5 objects that live to
+        # its exit) under the collector's thresholds a replay starts with, not walked again and
+        # again by default-threshold passes while the fork server boots beside them; the driver
+        # allocates little after them (a run merged at a time) and ends after the command.
+        import gc
+
+        gc.set_threshold(50_000, 20, 100)
     from tierdiag.cli.exits import run_and_leave
 
     run_and_leave(_app_for_argv)
