@@ -153,7 +153,9 @@ try:
     m.entry()
 except SystemExit as exc:
     code = exc.code
-print(json.dumps([forkserver._forkserver._forkserver_pid is not None, code]), file=sys.__stderr__)
+from tierdiag import dataclass_code
+table = dataclass_code._state.get("path", "").rsplit("/", 1)[-1].split(".")[0]
+print(json.dumps([forkserver._forkserver._forkserver_pid is not None, code, table]), file=sys.__stderr__)
 """
 
 
@@ -170,7 +172,9 @@ def test_the_sweep_command_starts_its_fork_server_at_once(tmp_path, args, starte
     a command line that fails is the same one-line error, and the server ends with it."""
     proc = subprocess.run([sys.executable, "-c", _ENTRY, *args], capture_output=True, text=True, timeout=180,
                           env=cli_env(), cwd=tmp_path)
-    here, code = json.loads(proc.stderr.strip().splitlines()[-1])
+    here, code, table = json.loads(proc.stderr.strip().splitlines()[-1])
     assert here is started, proc.stderr
+    # The driver's own dataclass table (tierdiag/dataclass_code.py) goes with the early start.
+    assert table == ("dataclass_code_sweep_driver" if started else ""), table
     if started:
         assert code == ExitCode.BAD_INPUT and "missing.jsonl: no such trace file" in proc.stderr, proc.stderr

@@ -403,6 +403,10 @@ def entry() -> None:
         import gc
 
         gc.set_threshold(50_000, 20, 100)
+        # Its dataclass methods from its own table (tierdiag/dataclass_code.py), as a replay's.
+        from tierdiag import dataclass_code
+
+        dataclass_code.install(table="sweep_driver")
     from tierdiag.cli.exits import run_and_leave
 
     run_and_leave(_app_for_argv)
