@@ -31,7 +31,10 @@ cli/main.py installs it for the plain forms of `summary` and `explain`, and for 
 (its own table: ~200 methods, ~14 % of a replay's instructions before `Engine.run`), before
 their modules are imported; app/writer_child.py for a replay's writer process (a table of its
 own: ~530 methods and ~70 namedtuples, ~25 % of its instructions before its first take), which
-ends by `os._exit` and so writes back (`write_back`) once its close hook has run. Only a Python
+ends by `os._exit` and so writes back (`write_back`) once its close hook has run;
+app/sweep_forkserver.py for a sweep's fork server (its table: the replay's and the inline close's
+modules), which every worker it forks inherits installed; cli/main.py for `sweep`'s own process
+(its table: the command, the merge's store code, the comparison). Only a Python
 whose `dataclasses` calls `exec` with text goes through it; on any other the table is simply
 never consulted. It lives at the bottom of the layers (it imports nothing of tierdiag) so that
 both processes' entries can install it; `tierdiag.cli.dataclass_code` is the same module.
@@ -59,7 +62,8 @@ _FORMAT = b"tierdiag-dataclass-code-1\n"
 _state: dict = {}
 
 # Each command family's table, by the file name it is kept under (module doc).
-TABLES = {"read": "dataclass_code", "replay": "dataclass_code_replay", "writer": "dataclass_code_writer"}
+TABLES = {"read": "dataclass_code", "replay": "dataclass_code_replay", "writer": "dataclass_code_writer",
+          "sweep": "dataclass_code_sweep", "sweep_driver": "dataclass_code_sweep_driver"}
 
 
 def cache_path(table: str = "read") -> str:
@@ -244,7 +248,24 @@ WRITER_MODULES = ("tierdiag.app.writer_child", "tierdiag.diagnose.run.close", "t
                   # imported by a run's end, its namedtuples with it (pyarrow.compute no longer is:
                   # the taken rows' columns are read from their Arrow buffers, store/columns.py)
                   "traceback")
-MODULES = {"read": READ_MODULES, "replay": REPLAY_MODULES, "writer": WRITER_MODULES}
+# What a sweep's worker imports (app/sweep_forkserver.py installs this table in the fork server
+# before its preload, and every worker it forks inherits it): the replay's modules as the fork
+# server preloads them, and what the first replay of each worker imports on top, the inline
+# writer's store code and its close.
+SWEEP_MODULES = ("tierdiag.app.sweep_worker", "tierdiag.app.replay", "tierdiag.engine.engine",
+                 "tierdiag.probes.recorder", "tierdiag.diagnose.run.close", "tierdiag.app.replay_writers",
+                 "tierdiag.store.writer", "tierdiag.store.writer_process", "tierdiag.diagnose.run.run_claims",
+                 "tierdiag.diagnose.run.live_curves", "tierdiag.diagnose.request.claims")
+# What `tierdiag sweep`'s own process imports (cli/main.py installs this table for it as it starts):
+# the command and the runner, the merge's store code, the comparison and its text view (~690
+# methods: ~16 % of its imports' CPU before the workers start, ~40 % of the comparison's).
+SWEEP_DRIVER_MODULES = ("tierdiag.cli.main", "tierdiag.cli.exits", "tierdiag.cli.params", "tierdiag.cli.sweep",
+                        "tierdiag.config.sweep_spec", "tierdiag.engine.rules", "tierdiag.app.sweep",
+                        "tierdiag.store.copy_run", "tierdiag.trace.reader", "tierdiag.cli.progress",
+                        "tierdiag.app.sweep_view", "tierdiag.diagnose.comparison.compare",
+                        "tierdiag.report.compare_terminal")
+MODULES = {"read": READ_MODULES, "replay": REPLAY_MODULES, "writer": WRITER_MODULES, "sweep": SWEEP_MODULES,
+           "sweep_driver": SWEEP_DRIVER_MODULES}
 
 
 def build(path: str | None = None, table: str = "read") -> int:

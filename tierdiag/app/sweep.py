@@ -49,7 +49,9 @@ from typing import Callable, Sequence
 from tierdiag.config.engine import EngineConfig
 from tierdiag.config.names import RunKind
 from tierdiag.errors import ConfigError, ExitCode, TierdiagError
+from tierdiag.threads import idle
 from tierdiag.app.sweep_kept import Keeper, Resumed, kept_store_path, resume  # noqa: F401 - the sweep's API
+from tierdiag.app.sweep_fork import warm_up_workers, worker_context  # noqa: F401 - the sweep's API
 from tierdiag.app.sweep_worker import Task, WorkerResult, ray_task, worker_main
 
 RAY_MISSING = "--ray needs Ray, which is not installed (pip install 'tierdiag[ray]')"
@@ -276,44 +278,6 @@ def _sweep_workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-"))
 
 
-# What the fork server imports once for every worker it forks: the replay's import chain, the
-# parts `replay` imports lazily included (the engine, the recorder, the close's evidence: most
-# of the ~0.26 s of imports in a worker's first replay, against ~0.21 s of CPU for replaying a
-# 50-request trace). Not the store's writer: it imports pyarrow, which starts a thread at import,
-# and a fork server should not fork with threads of unknown state (numpy's OpenBLAS thread,
-# which the engine brings, is stopped and restarted around a fork by OpenBLAS itself; DuckDB
-# starts threads with a connection, not at import).
-_WORKER_PRELOAD = ["tierdiag.app.sweep_worker", "tierdiag.app.replay", "tierdiag.engine.engine",
-                   "tierdiag.probes.recorder", "tierdiag.diagnose.run.close"]
-
-
-def worker_context():
-    """Where worker processes come from: a fork server (a fresh interpreter, started once per
-    process, that has imported the replay: `_WORKER_PRELOAD`) where the platform has one, so a
-    worker starts warm in a few milliseconds and the replay's imports are paid once for all the
-    workers, not once each (~0.5 s of CPU a worker, the other workers' core on a 2-core
-    machine: issue 41's 4-run sweep); else spawn, a fresh interpreter a worker. Either way no
-    worker inherits the driver's state (no forked torch/CUDA/DuckDB threads). As with any
-    spawn pool, a script calling run_configs must guard its top level with
-    `if __name__ == "__main__":`."""
-    import multiprocessing
-
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(_WORKER_PRELOAD)
-    return ctx
-
-
-def warm_up_workers() -> None:
-    """Start the fork server now (it boots and imports the replay while the caller is still
-    planning its sweep); harmless to call twice, or where there is no fork server."""
-    from multiprocessing import forkserver
-
-    if worker_context().get_start_method() == "forkserver":
-        forkserver.ensure_running()
-
-
 def _run_processes(jobs: int, trace: Path, tasks: list[Task], skip_bad: bool, command_line: str,
                    record, finish_interrupted) -> None:
     ctx = worker_context()
@@ -357,6 +321,9 @@ def _run_processes(jobs: int, trace: Path, tasks: list[Task], skip_bad: bool, co
         for w in workers:
             w.start()
         try:
+            # The caller's work left for this thread's first wait (threads.idle_work: `sweep`'s
+            # comparison modules), done while the workers replay rather than before they start.
+            idle()
             while len(done) < len(tasks):
                 try:
                     handle(results_q.get(timeout=0.5))

@@ -47,15 +47,17 @@ def sweep(
     if trace is None:
         raise ConfigError("missing TRACE", hint="tierdiag sweep TRACE --set KEY=V1,V2")
     if not ray:
-        from tierdiag.app.sweep import warm_up_workers
+        from tierdiag.app.sweep_fork import warm_up_workers  # not app.sweep: its store code (pyarrow) can wait
 
         warm_up_workers()  # the workers' fork server boots and imports while the sweep is planned
-    from tierdiag.diagnose.comparison.compare import check_sort_key
     from tierdiag.config.engine import load_config  # no torch: presets and validation only
     from tierdiag.app.sweep import Processes, Ray, import_ray, new_sweep_id
     from tierdiag.config.sweep_spec import plan_sweep
 
-    check_sort_key(by)
+    if by is not None:  # the comparison's module (~0.15 s of imports) waits for the workers otherwise
+        from tierdiag.diagnose.comparison.compare import check_sort_key
+
+        check_sort_key(by)
     if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs {jobs} must be at least 1")
     base = load_config(config, {})
@@ -73,6 +75,11 @@ def sweep(
     for warning in dict.fromkeys(w for _, cfg in plan.configs for w in cfg.warnings()):
         err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
     Sink(json=json_).emit(run_sweep(trace, plan, db, backend, new_sweep_id(), skip_bad, by))
+    # Every store is closed and every worker joined by now: the process ends without freeing
+    # what it imported (duckdb, pyarrow, Typer...; cli/exits.py), as `replay` and `summary` do.
+    from tierdiag.cli.exits import leave_without_teardown
+
+    leave_without_teardown()
 
 
 @renders("tierdiag.app.sweep_view.SweepComparison")
@@ -117,7 +124,11 @@ def run_sweep(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: boo
         bar.advance()
         bar.print(f"  {_headline(h)}")
 
-    with bar:
+    from tierdiag.threads import idle_work
+
+    # The comparison's modules, imported once the workers run (app/sweep.py calls `idle` then),
+    # not before they start: the driver's start was the longer one beside the fork server's.
+    with bar, idle_work(_import_comparison if compare else _nothing):
         try:
             return run_and_compare(trace, plan.configs, db, backend=backend, sweep_id=sweep_id, skip_bad=skip_bad,
                                    command_line=command_line(), progress=reported, by=by, compare=compare)
@@ -129,6 +140,15 @@ def run_sweep(trace: Path, plan, db: Path, backend, sweep_id: str, skip_bad: boo
             # The CLI's one place for interrupts prints it and exits 130 (143 for SIGTERM).
             raise RunInterrupted(f"interrupted; sweep {sweep_id} kept in {where}: {count['complete']} complete, "
                                  f"{count['interrupted']} interrupted, {count['not_started']} not started") from None
+
+
+def _import_comparison() -> None:
+    import tierdiag.diagnose.comparison.compare  # noqa: F401 - the sweep's comparison, and its text view
+    import tierdiag.report.compare_terminal  # noqa: F401
+
+
+def _nothing() -> None:
+    pass
 
 
 def _cores() -> int:
