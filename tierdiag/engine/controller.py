@@ -23,6 +23,7 @@ from tierdiag.engine.content import verify_content, write_content
 from tierdiag.engine.pagepool import PagePool
 from tierdiag.engine.rule_functions import _evict_shortfall, _evict_whole_need
 from tierdiag.engine.rules import config_rules
+from tierdiag.engine.schedule_common import Clock
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.tree_node import KeyRun, empty_run
 from tierdiag.engine.tree import RadixTree, TreeNode
@@ -258,8 +259,9 @@ class CacheController:
         self.host_free: Any = host.free
         self.once_set: Any = self.cached_once.set_many
         self.demoted_set: Any = self.demoted_by.set_many
-        # The scheduler's event queue: at(t_ns, callback, arg) runs callback(arg) at virtual time t_ns.
-        self.at: Any = None  # (typed Any: a compiled build keeps the callable as it is)
+        # The scheduler's event queue: clock.at(t_ns, callback, arg) runs callback(arg) at virtual
+        # time t_ns (the scheduler puts its own, or a deployment's, in its place)
+        self.clock: Clock = Clock()
         # Called with (node, tier, action) as each eviction is recorded, before the node changes;
         # None: nobody asks (tests/sglang/differential.py logs the evicted keys: a compiled
         # controller's methods cannot be wrapped in their place).
@@ -591,7 +593,7 @@ class CacheController:
         if self.emit.transfer is not None:
             self._transfer_row(start, end, "backup", cause, pages, runs, pages * self.page_bytes, dp_bytes,
                                start - now_ns, wall, None)
-        self.at(end, self._dec_lock_fn, node)
+        self.clock.at(end, self._dec_lock_fn, node)
         self._write_storage(node, cause, end)
         return True
 
@@ -632,9 +634,9 @@ class CacheController:
         self.backups_in_flight += len(nodes)
         # (entries indexed, not unpacked with a starred name: compiled, `*_` made a list an entry)
         if self.storage_per_pass:
-            self.at(t, self._ack_to_storage_fn, [(entry[0], entry[1], entry[2]) for entry in queue])
+            self.clock.at(t, self._ack_to_storage_fn, [(entry[0], entry[1], entry[2]) for entry in queue])
             return
-        self.at(t, self._ack_backups_fn, nodes)
+        self.clock.at(t, self._ack_backups_fn, nodes)
         for entry in queue:
             self._write_storage(entry[0], entry[1], t)
 
@@ -712,7 +714,7 @@ class CacheController:
                 end = start + self.cost.storage_io_ns(entry.pages, self.page_bytes)
                 storage.write_free_ns = end
                 entry.start, entry.end = start, end
-                self.at(end, self._wake_fn, None)  # the event loop's pass then takes its ack
+                self.clock.at(end, self._wake_fn, None)  # the event loop's pass then takes its ack
             if not entry.landed and entry.release_pass <= step and entry.end <= now_ns:
                 self._land(entry.node, entry.cause, entry.pages, entry.start, entry.end, now_ns)
                 entry.landed = True
@@ -726,7 +728,7 @@ class CacheController:
         taken before the acks are drained)."""
         if slots:
             self.prefetch_tails.append((stop_ns, -1, slots))
-            self.at(stop_ns, self._wake_fn, None)
+            self.clock.at(stop_ns, self._wake_fn, None)
 
     def free_prefetch_tails(self, now_ns: int, *, every: bool = False, step: int = -1) -> None:
         """A pass's drain, its end (`_drain_release`): the tails whose last ack an earlier pass
@@ -743,7 +745,7 @@ class CacheController:
                 continue
             if seen < 0 and now_ns >= stop:
                 seen = step
-                self.at(now_ns, self._wake_fn, None)  # the event loop's next pass frees them
+                self.clock.at(now_ns, self._wake_fn, None)  # the event loop's next pass frees them
             keep.append((stop, seen, slots))
         self.prefetch_tails = keep
 
