@@ -223,7 +223,8 @@ def test_the_scheduler_s_own_clock_pushes_heapq_s_tuples():
 
 
 def test_a_clock_with_no_loop_refuses_and_a_call_clock_calls():
-    from tierdiag.engine.schedule_common import CallClock, Clock, EngineError
+    from tierdiag.engine.controller import CallClock, Clock
+    from tierdiag.engine.schedule_common import EngineError
 
     with pytest.raises(EngineError, match="no event loop"):
         Clock().at(7, len, None)

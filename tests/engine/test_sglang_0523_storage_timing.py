@@ -18,7 +18,7 @@ from tests.engine import helpers
 from tests.engine.helpers import PS, req
 from tierdiag.engine.costmodel import STORAGE_BATCH_PAGES
 from tierdiag.engine.engine import Engine
-from tierdiag.engine.schedule_common import CallClock
+from tierdiag.engine.controller import CallClock
 
 
 def _cost():

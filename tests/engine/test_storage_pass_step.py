@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tests.engine import helpers
 from tests.engine.helpers import PS
 from tierdiag.engine.content import write_content
-from tierdiag.engine.schedule_common import CallClock
+from tierdiag.engine.controller import CallClock
 
 
 def _host_node(engine, keys: list[int], now: int):

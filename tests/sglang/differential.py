@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.engine import Engine
-from tierdiag.engine.schedule_common import CallClock
+from tierdiag.engine.controller import CallClock
 
 WORKER = Path(__file__).with_name("worker.py")
 # The differences found between the engine and SGLang 0.5.9 (docs/engine.md, issue 29); the

@@ -12,6 +12,8 @@ from time import perf_counter_ns
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from mypy_extensions import mypyc_attr
+
 from tierdiag.config.names import EvictionAction, Tier, TransferKind, WritePolicy
 from tierdiag.engine import rows as _rows
 from tierdiag.config.engine import EngineConfig
@@ -23,10 +25,10 @@ from tierdiag.engine.content import verify_content, write_content
 from tierdiag.engine.pagepool import PagePool
 from tierdiag.engine.rule_functions import _evict_shortfall, _evict_whole_need
 from tierdiag.engine.rules import config_rules
-from tierdiag.engine.schedule_common import Clock
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.tree_node import KeyRun, empty_run
 from tierdiag.engine.tree import RadixTree, TreeNode
+from tierdiag.errors import EngineError
 
 # Final: a C static the compiled module reads, where an imported name is a look-up in the module's
 # dict at every use (~130 instructions; issue 41, session 24)
@@ -166,6 +168,32 @@ class StorageWrite:
 _C_MOVE: Final[Any] = _rows.compiled_move if _rows.copy_rows is _rows.copy_rows_c else None
 _C_WRITE_CONTENT: Final[Any] = (_content._c_write_content if _content.write_content is _content.write_content_c
                                 else None)
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Clock:
+    """Where a scheduler and its controller put their events: `at(t_ns, fn, arg)` runs fn(arg)
+    at virtual time t_ns. Its event loop's: the scheduler's own heap (`scheduler.OwnClock`),
+    a deployment's (`deployment.RankClock`: the ranks' shared heap). A native class held in a
+    typed field (`clock`) by both, so each `at` is a native call through the class's method
+    table: a callable in an attribute typed Any was Python's generic call, its time boxed and
+    its three arguments parsed by the callee's wrapper (~300 instructions an event; issue 41
+    session 37). This one has no loop: `at` refuses. Python may subclass it (the engine's
+    Python twin, loaded beside the compiled modules by tests, defines its clocks over this one)."""
+
+    def at(self, t_ns: int, fn: Any, arg: Any) -> None:
+        raise EngineError(f"no event loop takes events here (an event at {t_ns} ns)")
+
+
+class CallClock(Clock):
+    """`at` by a callable `call(t_ns, fn, arg)`: a harness's that watches the events or drops
+    them (tests/sglang/differential.py, tests/engine: a lambda where one was put in `ctrl.at`)."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+
+    def at(self, t_ns: int, fn: Any, arg: Any) -> None:
+        self.call(t_ns, fn, arg)
 
 
 class CacheController:

@@ -40,13 +40,13 @@ from mypy_extensions import mypyc_attr
 
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.arrivals import ArrivalSource
-from tierdiag.engine.controller import EngineStats
+from tierdiag.engine.controller import Clock, EngineStats
 from tierdiag.engine.request import Req
 from tierdiag.engine.routing import RequestView, RouterConfig
 # (from its own module: compiled with this one, its calls are native; through the package, which
 # is not compiled, the class was Any to mypyc and each route, finish and count a generic call)
 from tierdiag.engine.routing.gateway import Gateway
-from tierdiag.engine.schedule_common import INIT_NEW_TOKEN_RATIO, Clock, EngineError
+from tierdiag.engine.schedule_common import INIT_NEW_TOKEN_RATIO, EngineError
 from tierdiag.engine.scheduler import Scheduler
 from tierdiag.native import cplane
 from tierdiag.probes.events import Route
@@ -179,10 +179,11 @@ class AheadRun:
     rank is stuck, waiting for memory or a prefetch, and none is in a conversation replay; a
     list of them made every step was ~2.7 M boxed ints appended, and freed, on a --dp 8
     conversation replay (issue 41). `starts()` makes them when asked: the `wakes` list the
-    decode loop writes (tests/engine/test_deployment.py holds the two equal). Made after the
+    decode loop writes (tests/engine/test_deployment.py holds the two equal). Set after the
     call, only where it ran steps (`first_step`: the decode clock before it; the KV base and the
     batch read after it are those it ran with): a run of none (most calls of a --dp 8 replay
-    whose rank has more to prefill) makes no object (issue 41, session 25)."""
+    whose rank has more to prefill) sets nothing (issue 41, session 25). One a rank, restarted
+    at each run (`restart`; session 37)."""
 
     __slots__ = ("sched", "start", "first_step", "kv_base", "running", "steps", "_starts")
 
@@ -194,6 +195,18 @@ class AheadRun:
         self.running = len(sched.running)
         self.steps = sched.dstep - first_step
         self._starts: list[int] | None = None
+
+    def restart(self, start: int, first_step: int) -> None:
+        """This object made the run its rank's scheduler ran from `start` now (as `__init__`
+        makes it): the loop keeps one a rank (`_start_run`), where a new one a run was ~57k
+        objects made and freed on a --dp 8 conversation replay (issue 41 session 37)."""
+        sched = self.sched
+        self.start = start
+        self.first_step = first_step
+        self.kv_base = sched._kv_base
+        self.running = len(sched.running)
+        self.steps = sched.dstep - first_step
+        self._starts = None
 
     def _step_ns(self, k: int) -> int:
         return self.sched.cost.decode_step_ns(self.kv_base + self.running * k)
@@ -396,12 +409,13 @@ def _ahead_limit(src: ArrivalSource, now: int, closed: bool, has_next: bool, src
     return limit
 
 
-def _start_run(run_at_once: list[AheadRun | None], rank: int, sched: Scheduler, start: int, first_step: int,
+def _start_run(run_at_once: list[AheadRun | None], runs: list[AheadRun], rank: int, start: int, first_step: int,
                end: int) -> int:
-    """Note the steps `sched` ran ahead from `start` (its step counter at `first_step` before
-    them, the run ending at `end`) as the rank's run; the last step's start (the loop keeps the
-    latest of its ranks')."""
-    run = AheadRun(sched, start, first_step)
+    """Note the steps rank `rank` ran ahead from `start` (its step counter at `first_step` before
+    them, the run ending at `end`) as the rank's run (`runs[rank]`, restarted); the last step's
+    start (the loop keeps the latest of its ranks')."""
+    run = runs[rank]  # (the rank's one object: nothing holds a run past the loop's wake that reads it)
+    run.restart(start, first_step)
     run_at_once[rank] = run
     return run.last_start(end)
 
@@ -483,6 +497,7 @@ class Deployment:
         # Per rank: its last passes run at once, as what their times are made from (AheadRun);
         # the times themselves only where a stuck rank asks for them (no conversation replay does)
         run_at_once: list[AheadRun | None] = [None for _ in ranks]
+        runs = [AheadRun(sched, 0, sched.dstep) for sched in ranks]  # (each rank's, restarted by _start_run)
         at_once_until = -1  # the latest of them
         now = 0
         # In an open loop only `due` moves the source (no finish releases a turn, none is
@@ -554,7 +569,7 @@ class Deployment:
                         end = sched.run_decode_ahead(now, _ahead_limit(src, now, closed, has_next, src_next,
                                                                        own_times[rank]))
                         if sched.dstep > first_step:
-                            last = _start_run(run_at_once, rank, sched, now, first_step, end)
+                            last = _start_run(run_at_once, runs, rank, now, first_step, end)
                             if last > at_once_until:
                                 at_once_until = last
                             lane.free = end
@@ -572,7 +587,7 @@ class Deployment:
                             start, first_step = end, sched.dstep
                             end = sched.run_decode_ahead(end, limit)
                             if sched.dstep > first_step:
-                                last = _start_run(run_at_once, rank, sched, start, first_step, end)
+                                last = _start_run(run_at_once, runs, rank, start, first_step, end)
                                 if last > at_once_until:
                                     at_once_until = last
                             elif run_at_once[rank] is not None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Final
 
-from mypy_extensions import mypyc_attr
-
 from tierdiag.config.names import WritePolicy
 from tierdiag.native import cplane
 from tierdiag.trace.pages import append_output_keys_py
@@ -20,7 +18,7 @@ from tierdiag.errors import EngineError  # noqa: F401 - admission, scheduler and
 if TYPE_CHECKING:
     from tierdiag.config.engine import EngineConfig
     from tierdiag.engine.arrivals import ArrivalSource
-    from tierdiag.engine.controller import CacheController, EngineStats
+    from tierdiag.engine.controller import CacheController, Clock, EngineStats
     from tierdiag.engine.costmodel import CostModel
     from tierdiag.engine.emitters import Emitters
     from tierdiag.engine.miss import MissTracker
@@ -28,33 +26,6 @@ if TYPE_CHECKING:
     from tierdiag.engine.rules import RuleSet
     from tierdiag.engine.tree import RadixTree
     from tierdiag.engine.tree_node import TreeNode
-
-@mypyc_attr(allow_interpreted_subclasses=True)
-class Clock:
-    """Where a scheduler and its controller put their events: `at(t_ns, fn, arg)` runs fn(arg)
-    at virtual time t_ns. Its event loop's: the scheduler's own heap (`scheduler.OwnClock`),
-    a deployment's (`deployment.RankClock`: the ranks' shared heap). A native class held in a
-    typed field (`clock`) by both, so each `at` is a native call through the class's method
-    table: a callable in an attribute typed Any was Python's generic call, its time boxed and
-    its three arguments parsed by the callee's wrapper (~300 instructions an event; issue 41
-    session 37). This one has no loop: `at` refuses. Python may subclass it (the engine's
-    Python twin, loaded beside the compiled modules by tests, defines its clocks over this one)."""
-
-    def at(self, t_ns: int, fn: Any, arg: Any) -> None:
-        raise EngineError(f"no event loop takes events here (an event at {t_ns} ns)")
-
-
-class CallClock(Clock):
-    """`at` by a callable `call(t_ns, fn, arg)`: a harness's that watches the events or drops
-    them (tests/sglang/differential.py, tests/engine; a compiled class cannot be subclassed by
-    an interpreted one)."""
-
-    def __init__(self, call: Any) -> None:
-        self.call = call
-
-    def at(self, t_ns: int, fn: Any, arg: Any) -> None:
-        self.call(t_ns, fn, arg)
-
 
 # Decode memory (both releases, environ.py): new_token_ratio starts at SGLANG_INIT_NEW_TOKEN_RATIO
 # (0.7) x schedule_conservativeness (1), decays by (init - init x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR

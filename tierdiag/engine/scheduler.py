@@ -36,7 +36,7 @@ from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.admission import Admission
 from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.cached_split import split_kind
-from tierdiag.engine.controller import CacheController, EngineStats
+from tierdiag.engine.controller import CacheController, Clock, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.emitters import Emitters
 from tierdiag.engine.miss import MissTracker
@@ -46,7 +46,7 @@ from tierdiag.engine.records import DecodeRuns
 from tierdiag.engine.request import Req
 from tierdiag.engine.rules import config_rules
 from tierdiag.engine.schedule_common import (CLIP_MAX_NEW_TOKENS, INIT_NEW_TOKEN_RATIO, NO_TOKEN, OTHER,
-                                             WRITE_THROUGH_THRESHOLD, Clock, EngineError)
+                                             WRITE_THROUGH_THRESHOLD, EngineError)
 from tierdiag.engine.tree import RadixTree
 from tierdiag.engine.tree_node import KeyRun, empty_run, key_run
 from tierdiag.probes import events as ev
