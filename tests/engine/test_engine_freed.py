@@ -143,6 +143,6 @@ def test_each_attribute_of_the_scheduler_chain_is_declared_by_one_class():
     for path, cls in CHAIN:
         for name in _declared(ENGINE / path, cls):
             where.setdefault(name, []).append(cls)
-    assert {"running", "waiting", "at", "_finish_fn"} <= where.keys()  # SchedulerState's fields are read
+    assert {"running", "waiting", "clock", "_finish_fn"} <= where.keys()  # SchedulerState's fields are read
     twice = {name: classes for name, classes in where.items() if len(classes) > 1}
     assert not twice, f"declared by more than one class of the chain: {twice}"

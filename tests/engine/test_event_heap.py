@@ -141,3 +141,104 @@ def test_an_unknown_eviction_code_is_refused(code):
         with pytest.raises((ValueError, OverflowError)):
             stats.count_evictions(code, 1)
         assert stats.evictions == {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_ops)
+def test_the_heap_s_slots_never_shrink_and_hold_only_its_events(scheds, ops):
+    """`slots` (issue 41 session 37): a pop lowers `n`, a put fills the slot past it, so the list
+    only grows, to the heap's largest size; a slot at or past `n` holds the heap's `hole` (no
+    callback, no argument), never an event popped. `clear` empties it."""
+    for module in (deployment, DEPLOYMENT_TWIN):
+        heap = module.EventHeap()
+        most = 0
+        for i, t in enumerate(ops):
+            if t is not None:
+                heap.push(t, scheds[0], len, i)
+            elif len(heap):
+                popped = heap.pop()
+                assert not any(popped is e for e in heap.slots)
+            most = max(most, len(heap))
+            assert len(heap.slots) == most and heap.n == len(heap) == len(heap.items)
+            live = heap.slots[:heap.n]
+            assert heap.items == live and heap.items is not heap.slots
+            assert heap.hole not in live
+            for stale in heap.slots[heap.n:]:
+                assert stale is heap.hole and (stale.fn, stale.arg) == (None, None)
+        heap.clear()
+        assert (heap.n, heap.slots, heap.items) == (0, [], [])
+        heap.push(5, scheds[1], len, "again")
+        assert heap.pop().arg == "again" and len(heap) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.one_of(_time, st.none(), st.just("untrack")), max_size=120), ranks=st.integers(1, 3))
+def test_a_rank_s_clock_puts_the_events_the_closure_put(scheds, ops, ranks):
+    """deployment.RankClock (a native `at`, issue 41 session 37) against what `sched.at`'s
+    closure did: each event pushed on the deployment's heap with its rank's scheduler, and on
+    the rank's own heap while tracked; none there once untracked. Compiled and twin alike."""
+    for module in (deployment, DEPLOYMENT_TWIN):
+        events = module.EventHeap()
+        own = [module.EventHeap() for _ in range(ranks)]
+        clocks = [module.RankClock(events, own[r], scheds[r % 2]) for r in range(ranks)]
+        ref, ref_own = [], [[] for _ in range(ranks)]
+        tracked, order = True, 0
+        for i, t in enumerate(ops):
+            r = i % ranks
+            if t == "untrack":
+                tracked = False
+                for clock, mine, ref_mine in zip(clocks, own, ref_own):
+                    clock.tracked = False
+                    mine.clear()
+                    ref_mine.clear()
+            elif t is None:
+                if ref:
+                    event, want = events.pop(), heapq.heappop(ref)
+                    assert (event.t_ns, event.order, event.sched, event.arg) == want
+                    if tracked:
+                        assert own[want[3][0]].pop() is event
+                        assert heapq.heappop(ref_own[want[3][0]])[:2] == want[:2]
+            else:
+                order += 1
+                clocks[r].at(t, len, (r, i))
+                heapq.heappush(ref, (t, order, scheds[r % 2], (r, i)))
+                if tracked:
+                    heapq.heappush(ref_own[r], (t, order))
+            assert len(events) == len(ref)
+            for mine, ref_mine in zip(own, ref_own):
+                assert sorted((e.t_ns, e.order) for e in mine.items) == sorted(ref_mine)
+
+
+def test_the_scheduler_s_own_clock_pushes_heapq_s_tuples():
+    """scheduler.OwnClock: the tuples (t_ns, order, fn, arg) Scheduler._at_own pushed, on the
+    list its loop reads (`_events`), orders from 1; its controller holds the same clock."""
+    engine = Engine(small_config())
+    sched = engine.scheduler
+    assert sched.clock is sched.ctrl.clock and sched._events is sched.clock.events
+    ref = []
+    for i, t in enumerate([5, 3, 5, 0, 2**62, -1]):
+        sched.clock.at(t, len, i)
+        heapq.heappush(ref, (t, i + 1, len, i))
+    assert sched._events == ref
+
+
+def test_a_clock_with_no_loop_refuses_and_a_call_clock_calls():
+    from tierdiag.engine.controller import CallClock, Clock
+    from tierdiag.engine.schedule_common import EngineError
+
+    with pytest.raises(EngineError, match="no event loop"):
+        Clock().at(7, len, None)
+    seen = []
+    CallClock(lambda t, fn, arg: seen.append((t, fn, arg))).at(2**70, len, "x")
+    assert seen == [(2**70, len, "x")]
+
+
+def test_a_deployment_s_ranks_take_its_clocks():
+    engine = Engine(small_config(dp=3))
+    dep = engine.deployment
+    for rank, sched in enumerate(dep.ranks):
+        clock = dep.clocks[rank]
+        assert sched.clock is clock and sched.ctrl.clock is clock
+        assert clock.sched is sched and clock.own is dep.own_times[rank] and clock.events is dep.events
+    dep._untrack()
+    assert not any(clock.tracked for clock in dep.clocks)

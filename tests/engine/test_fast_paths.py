@@ -182,8 +182,7 @@ def _replay_cut_at_every_event(reqs, cfg, monkeypatch) -> tuple[list, dict]:
 
     def every_rank(src, now, closed, has_next, src_next, _own):
         # the next event of any rank as the rank's own (the shared heap's head)
-        heads = deployments[-1].events.items
-        return own_limit(src, now, closed, has_next, src_next, heads[:1])
+        return own_limit(src, now, closed, has_next, src_next, deployments[-1].events)
 
     with monkeypatch.context() as mp:
         mp.setattr(deployment.Deployment, "__init__", keep)

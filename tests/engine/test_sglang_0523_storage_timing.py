@@ -18,6 +18,7 @@ from tests.engine import helpers
 from tests.engine.helpers import PS, req
 from tierdiag.engine.costmodel import STORAGE_BATCH_PAGES
 from tierdiag.engine.engine import Engine
+from tierdiag.engine.controller import CallClock
 
 
 def _cost():
@@ -67,7 +68,7 @@ def test_a_read_cut_short_gives_its_host_slots_back_after_the_drain_after_its_la
             return len(calls)
 
     ctrl.pass_owner = Passes()
-    ctrl.at = lambda t, fn, arg: calls.append(("wake", t))
+    ctrl.clock = CallClock(lambda t, fn, arg: calls.append(("wake", t)))
     slots = ctrl.host.alloc(8)
     free = ctrl.host.free_pages
     ctrl.hold_prefetch_tail(slots, 1_000)

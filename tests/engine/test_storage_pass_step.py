@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tests.engine import helpers
 from tests.engine.helpers import PS
 from tierdiag.engine.content import write_content
+from tierdiag.engine.controller import CallClock
 
 
 def _host_node(engine, keys: list[int], now: int):
@@ -68,7 +69,7 @@ def test_a_pass_handed_in_decides_as_the_pass_count_read(tmp_path_factory, entri
     read, read_nodes = _setup(tmp, "read", entries, owner_pass)
     given_, given_nodes = _setup(tmp, "given", entries, owner_pass)
     for engine, nodes in ((read, read_nodes), (given_, given_nodes)):
-        engine.ctrl.at = lambda t, fn, arg: None  # (no event loop here)
+        engine.ctrl.clock = CallClock(lambda t, fn, arg: None)  # (no event loop here)
     read.ctrl.start_storage_writes(now)
     given_.ctrl.start_storage_writes(now, owner_pass + 1)
     assert _state(read, read_nodes) == _state(given_, given_nodes)

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.engine import Engine
+from tierdiag.engine.controller import CallClock
 
 WORKER = Path(__file__).with_name("worker.py")
 # The differences found between the engine and SGLang 0.5.9 (docs/engine.md, issue 29); the
@@ -96,7 +97,7 @@ class EngineSide:
         self.engine = Engine(cfg, probe=None)
         self.tree, self.ctrl = self.engine.tree, self.engine.ctrl
         self.queue: list = []
-        self.ctrl.at = lambda t, fn, arg: self.queue.append((fn, arg))  # copies: done at the step's end
+        self.ctrl.clock = CallClock(lambda t, fn, arg: self.queue.append((fn, arg)))  # copies: done at the step's end
         self.threshold = {"write_through": 1, "write_through_selective": 2}.get(sc["write_policy"])
         self.held: dict = {}
         self.log: list = []

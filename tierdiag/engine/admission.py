@@ -409,7 +409,7 @@ class Admission(DecodeSteps):
             if req.done_tokens >= req.fill_len:
                 if self.chunked is req:
                     self.chunked = None
-                self.at(end, self._prefill_done_fn, req)
+                self.clock.at(end, self._prefill_done_fn, req)
             else:
                 self.chunked = stash = req
             if self.emit.prefill_done is not None:
@@ -424,7 +424,7 @@ class Admission(DecodeSteps):
             # the chunk goes into the tree at the next pass's start (get_next_batch_to_run ->
             # stash_chunked_request), after every insert and finish of process_batch_result:
             # its nodes are made, and stamped, after theirs (fifo / filo read the creation order)
-            self.at(end, self._cache_unfinished_fn, stash)
+            self.clock.at(end, self._cache_unfinished_fn, stash)
         cols = self.emit.batch_columns
         if cols is not None:  # a recorder's columns: the values unboxed (emitters.py)
             cols.add(bid, now, end, len(items), taken, lb_bytes_total, compute_ns + mixed_ns, exposed, decoding,

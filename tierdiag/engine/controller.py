@@ -12,6 +12,8 @@ from time import perf_counter_ns
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from mypy_extensions import mypyc_attr
+
 from tierdiag.config.names import EvictionAction, Tier, TransferKind, WritePolicy
 from tierdiag.engine import rows as _rows
 from tierdiag.config.engine import EngineConfig
@@ -26,6 +28,7 @@ from tierdiag.engine.rules import config_rules
 from tierdiag.engine.storage import StorageTier
 from tierdiag.engine.tree_node import KeyRun, empty_run
 from tierdiag.engine.tree import RadixTree, TreeNode
+from tierdiag.errors import EngineError
 
 # Final: a C static the compiled module reads, where an imported name is a look-up in the module's
 # dict at every use (~130 instructions; issue 41, session 24)
@@ -167,6 +170,32 @@ _C_WRITE_CONTENT: Final[Any] = (_content._c_write_content if _content.write_cont
                                 else None)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Clock:
+    """Where a scheduler and its controller put their events: `at(t_ns, fn, arg)` runs fn(arg)
+    at virtual time t_ns. Its event loop's: the scheduler's own heap (`scheduler.OwnClock`),
+    a deployment's (`deployment.RankClock`: the ranks' shared heap). A native class held in a
+    typed field (`clock`) by both, so each `at` is a native call through the class's method
+    table: a callable in an attribute typed Any was Python's generic call, its time boxed and
+    its three arguments parsed by the callee's wrapper (~300 instructions an event; issue 41
+    session 37). This one has no loop: `at` refuses. Python may subclass it (the engine's
+    Python twin, loaded beside the compiled modules by tests, defines its clocks over this one)."""
+
+    def at(self, t_ns: int, fn: Any, arg: Any) -> None:
+        raise EngineError(f"no event loop takes events here (an event at {t_ns} ns)")
+
+
+class CallClock(Clock):
+    """`at` by a callable `call(t_ns, fn, arg)`: a harness's that watches the events or drops
+    them (tests/sglang/differential.py, tests/engine: a lambda where one was put in `ctrl.at`)."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+
+    def at(self, t_ns: int, fn: Any, arg: Any) -> None:
+        self.call(t_ns, fn, arg)
+
+
 class CacheController:
     def __init__(self, cfg: EngineConfig, cost: CostModel, tree: RadixTree, device: PagePool,
                  host: PagePool, storage: StorageTier | None, probe, stats: EngineStats):
@@ -258,8 +287,9 @@ class CacheController:
         self.host_free: Any = host.free
         self.once_set: Any = self.cached_once.set_many
         self.demoted_set: Any = self.demoted_by.set_many
-        # The scheduler's event queue: at(t_ns, callback, arg) runs callback(arg) at virtual time t_ns.
-        self.at: Any = None  # (typed Any: a compiled build keeps the callable as it is)
+        # The scheduler's event queue: clock.at(t_ns, callback, arg) runs callback(arg) at virtual
+        # time t_ns (the scheduler puts its own, or a deployment's, in its place)
+        self.clock: Clock = Clock()
         # Called with (node, tier, action) as each eviction is recorded, before the node changes;
         # None: nobody asks (tests/sglang/differential.py logs the evicted keys: a compiled
         # controller's methods cannot be wrapped in their place).
@@ -591,7 +621,7 @@ class CacheController:
         if self.emit.transfer is not None:
             self._transfer_row(start, end, "backup", cause, pages, runs, pages * self.page_bytes, dp_bytes,
                                start - now_ns, wall, None)
-        self.at(end, self._dec_lock_fn, node)
+        self.clock.at(end, self._dec_lock_fn, node)
         self._write_storage(node, cause, end)
         return True
 
@@ -632,9 +662,9 @@ class CacheController:
         self.backups_in_flight += len(nodes)
         # (entries indexed, not unpacked with a starred name: compiled, `*_` made a list an entry)
         if self.storage_per_pass:
-            self.at(t, self._ack_to_storage_fn, [(entry[0], entry[1], entry[2]) for entry in queue])
+            self.clock.at(t, self._ack_to_storage_fn, [(entry[0], entry[1], entry[2]) for entry in queue])
             return
-        self.at(t, self._ack_backups_fn, nodes)
+        self.clock.at(t, self._ack_backups_fn, nodes)
         for entry in queue:
             self._write_storage(entry[0], entry[1], t)
 
@@ -712,7 +742,7 @@ class CacheController:
                 end = start + self.cost.storage_io_ns(entry.pages, self.page_bytes)
                 storage.write_free_ns = end
                 entry.start, entry.end = start, end
-                self.at(end, self._wake_fn, None)  # the event loop's pass then takes its ack
+                self.clock.at(end, self._wake_fn, None)  # the event loop's pass then takes its ack
             if not entry.landed and entry.release_pass <= step and entry.end <= now_ns:
                 self._land(entry.node, entry.cause, entry.pages, entry.start, entry.end, now_ns)
                 entry.landed = True
@@ -726,7 +756,7 @@ class CacheController:
         taken before the acks are drained)."""
         if slots:
             self.prefetch_tails.append((stop_ns, -1, slots))
-            self.at(stop_ns, self._wake_fn, None)
+            self.clock.at(stop_ns, self._wake_fn, None)
 
     def free_prefetch_tails(self, now_ns: int, *, every: bool = False, step: int = -1) -> None:
         """A pass's drain, its end (`_drain_release`): the tails whose last ack an earlier pass
@@ -743,7 +773,7 @@ class CacheController:
                 continue
             if seen < 0 and now_ns >= stop:
                 seen = step
-                self.at(now_ns, self._wake_fn, None)  # the event loop's next pass frees them
+                self.clock.at(now_ns, self._wake_fn, None)  # the event loop's next pass frees them
             keep.append((stop, seen, slots))
         self.prefetch_tails = keep
 

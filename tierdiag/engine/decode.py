@@ -249,7 +249,7 @@ class DecodeSteps(StoragePrefetch):
         if len(due) > 1:
             due = _in_batch_order(due, self.running)
         for r in due:
-            self.at(end, self._finish_fn, r)
+            self.clock.at(end, self._finish_fn, r)
 
     def _decode(self, now: int) -> int | None:
         """Scheduler.update_running_batch: `check_decode_mem`; when the step does not fit,

@@ -36,9 +36,11 @@ import math
 from bisect import bisect_right
 from typing import Any, Final, Iterable, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.arrivals import ArrivalSource
-from tierdiag.engine.controller import EngineStats
+from tierdiag.engine.controller import Clock, EngineStats
 from tierdiag.engine.request import Req
 from tierdiag.engine.routing import RequestView, RouterConfig
 # (from its own module: compiled with this one, its calls are native; through the package, which
@@ -46,10 +48,8 @@ from tierdiag.engine.routing import RequestView, RouterConfig
 from tierdiag.engine.routing.gateway import Gateway
 from tierdiag.engine.schedule_common import INIT_NEW_TOKEN_RATIO, EngineError
 from tierdiag.engine.scheduler import Scheduler
-from tierdiag.engine.tree_node import key_run
 from tierdiag.native import cplane
 from tierdiag.probes.events import Route
-from tierdiag.trace.pages import page_keys_array
 from tierdiag.trace.reader import TraceRequest
 
 
@@ -179,10 +179,11 @@ class AheadRun:
     rank is stuck, waiting for memory or a prefetch, and none is in a conversation replay; a
     list of them made every step was ~2.7 M boxed ints appended, and freed, on a --dp 8
     conversation replay (issue 41). `starts()` makes them when asked: the `wakes` list the
-    decode loop writes (tests/engine/test_deployment.py holds the two equal). Made after the
+    decode loop writes (tests/engine/test_deployment.py holds the two equal). Set after the
     call, only where it ran steps (`first_step`: the decode clock before it; the KV base and the
     batch read after it are those it ran with): a run of none (most calls of a --dp 8 replay
-    whose rank has more to prefill) makes no object (issue 41, session 25)."""
+    whose rank has more to prefill) sets nothing (issue 41, session 25). One a rank, restarted
+    at each run (`restart`; session 37)."""
 
     __slots__ = ("sched", "start", "first_step", "kv_base", "running", "steps", "_starts")
 
@@ -194,6 +195,18 @@ class AheadRun:
         self.running = len(sched.running)
         self.steps = sched.dstep - first_step
         self._starts: list[int] | None = None
+
+    def restart(self, start: int, first_step: int) -> None:
+        """This object made the run its rank's scheduler ran from `start` now (as `__init__`
+        makes it): the loop keeps one a rank (`_start_run`), where a new one a run was ~57k
+        objects made and freed on a --dp 8 conversation replay (issue 41 session 37)."""
+        sched = self.sched
+        self.start = start
+        self.first_step = first_step
+        self.kv_base = sched._kv_base
+        self.running = len(sched.running)
+        self.steps = sched.dstep - first_step
+        self._starts = None
 
     def _step_ns(self, k: int) -> int:
         return self.sched.cost.decode_step_ns(self.kv_base + self.running * k)
@@ -214,11 +227,15 @@ class AheadRun:
         return self._starts
 
 
+@mypyc_attr(free_list_len=1)
 class Event:
     """An event of the deployment's heap: its time (ns), its order (the pushes' count: events at
     one time run in the order given), its rank's scheduler and the call `fn(arg)`. Native
     fields: the heap compares the two ints compiled, where a tuple's heappush compared tuples
-    by rich compare (issue 41 session 36)."""
+    by rich compare (issue 41 session 36). Compiled, the class keeps one freed instance for
+    its next (`free_list_len`): an event is made by a push and freed after its call, most
+    often with no other event made in between (-11 M instructions of a --dp 8 conversation
+    replay; session 37)."""
 
     __slots__ = ("t_ns", "order", "sched", "fn", "arg")
 
@@ -231,18 +248,38 @@ class Event:
 
 
 class EventHeap:
-    """Events, a binary min-heap on (t_ns, order) in `items` (items[0] the next): the
+    """Events, a binary min-heap on (t_ns, order) in `slots[:n]` (slots[0] the next): the
     deployment's, and each rank's own beside it (the same Events). The orders are given by
     `push`, each one more than the last, so no two events compare equal and the pops' order is
     the one any heap on those keys gives (heapq's on the tuples (t_ns, order, ...) before:
-    tests/engine/test_event_heap.py)."""
+    tests/engine/test_event_heap.py).
+
+    `slots` never shrinks: a pop lowers `n` and a put fills the slot past it (appending only
+    where every slot is in use). A list grown by `append` and shrunk by `pop` at every event
+    reallocated its array at each of its size's steps: a rank's own heap goes between empty
+    and one event most of the time, and from empty to one and back is a malloc and a free
+    (`list.pop` and `list.append` were ~180 instructions each at --dp 8, ~37 M of a
+    conversation replay; issue 41 session 37). A pop leaves `hole` in the slot it frees (an
+    event of no callback, made at the first put), so no event popped is kept alive by its heap."""
 
     def __init__(self) -> None:
-        self.items: list[Event] = []
+        self.slots: list[Event] = []
+        self.n = 0
         self.last_order = 0
+        self.hole: Event | None = None
 
     def __len__(self) -> int:
-        return len(self.items)
+        return self.n
+
+    @property
+    def items(self) -> list[Event]:
+        """The heap's events, in heap order (items[0] the next): a copy."""
+        return self.slots[:self.n]
+
+    def clear(self) -> None:
+        """Every event taken out (none popped: `_untrack`'s)."""
+        self.slots.clear()
+        self.n = 0
 
     def push(self, t_ns: int, sched: Scheduler, fn: Any, arg: Any) -> Event:
         """A new event, its order the next, put in; returned (for a rank's own heap)."""
@@ -255,45 +292,71 @@ class EventHeap:
     def put(self, event: Event) -> None:
         """`event` put in: its order above every order in this heap (each `push` gives the next)."""
         t_ns = event.t_ns
-        items = self.items
-        pos = len(items)
-        items.append(event)
+        slots = self.slots
+        pos = self.n
+        self.n = pos + 1
+        if pos == len(slots):
+            slots.append(event)
+            if self.hole is None:
+                self.hole = Event(0, 0, event.sched, None, None)
         # (up past the parents later in time: the new order is above every order in the heap,
         # so a parent at the same time stays first)
         while pos > 0:
             parent_pos = (pos - 1) >> 1
-            parent = items[parent_pos]
+            parent = slots[parent_pos]
             if t_ns >= parent.t_ns:
                 break
-            items[pos] = parent
+            slots[pos] = parent
             pos = parent_pos
-        items[pos] = event
+        slots[pos] = event
 
     def pop(self) -> Event:
         """The next event, taken out (the heap not empty)."""
-        items = self.items
-        last = items.pop()
-        n = len(items)
+        slots = self.slots
+        n = self.n - 1
+        self.n = n
+        last = slots[n]
+        hole = self.hole
+        if hole is not None:  # (always, past a put)
+            slots[n] = hole
         if n == 0:
             return last
-        top = items[0]
+        top = slots[0]
         t_ns, order = last.t_ns, last.order
         pos = 0
         child_pos = 1
         while child_pos < n:
-            child = items[child_pos]
+            child = slots[child_pos]
             right_pos = child_pos + 1
             if right_pos < n:
-                right = items[right_pos]
+                right = slots[right_pos]
                 if right.t_ns < child.t_ns or (right.t_ns == child.t_ns and right.order < child.order):
                     child, child_pos = right, right_pos
             if child.t_ns > t_ns or (child.t_ns == t_ns and child.order > order):
                 break
-            items[pos] = child
+            slots[pos] = child
             pos = child_pos
             child_pos = 2 * pos + 1
-        items[pos] = last
+        slots[pos] = last
         return top
+
+
+class RankClock(Clock):
+    """A rank's `clock` in a deployment: its events on the deployment's heap, with its rank's
+    scheduler, and (`tracked`: while steps may run ahead) on the rank's own heap too. A
+    native `at` (schedule_common.Clock; the closure in `sched.at` before was a generic call
+    an event at --dp 8: ~50k on a conversation replay)."""
+
+    def __init__(self, events: EventHeap, own: EventHeap, sched: Scheduler) -> None:
+        self.events = events
+        self.own = own
+        self.sched = sched
+        self.tracked = True
+
+    def at(self, t_ns: int, fn: Any, arg: Any) -> None:
+        event = self.events.push(t_ns, self.sched, fn, arg)
+        if self.tracked:
+            self.own.put(event)
 
 
 class _Lane:
@@ -324,7 +387,7 @@ def _stuck_rank(lanes: list[_Lane], now: int, ran_mask: int) -> bool:
 
 
 def _ahead_limit(src: ArrivalSource, now: int, closed: bool, has_next: bool, src_next: int,
-                 own: list[Event]) -> int | None:
+                 own: EventHeap) -> int | None:
     """Where a rank's run-ahead from `now` stops: the next arrival (asked of the source in a
     closed loop) or the rank's own next event (`own`: its events, a heap), whichever is
     first; None where there is neither. Another rank's event is no limit (issue 41 session 33:
@@ -339,19 +402,20 @@ def _ahead_limit(src: ArrivalSource, now: int, closed: bool, has_next: bool, src
     of every run (`AheadRun.starts`). tests/engine/test_fast_paths.py holds every event equal to
     the pass-by-pass loop's and to the loop's that stopped at every rank's next event."""
     limit = src.next_ns(now) if closed else (src_next if has_next else None)
-    if own:
-        head_ns = own[0].t_ns
+    if own.n:
+        head_ns = own.slots[0].t_ns
         if limit is None or head_ns < limit:
             limit = head_ns
     return limit
 
 
-def _start_run(run_at_once: list[AheadRun | None], rank: int, sched: Scheduler, start: int, first_step: int,
+def _start_run(run_at_once: list[AheadRun | None], runs: list[AheadRun], rank: int, start: int, first_step: int,
                end: int) -> int:
-    """Note the steps `sched` ran ahead from `start` (its step counter at `first_step` before
-    them, the run ending at `end`) as the rank's run; the last step's start (the loop keeps the
-    latest of its ranks')."""
-    run = AheadRun(sched, start, first_step)
+    """Note the steps rank `rank` ran ahead from `start` (its step counter at `first_step` before
+    them, the run ending at `end`) as the rank's run (`runs[rank]`, restarted); the last step's
+    start (the loop keeps the latest of its ranks')."""
+    run = runs[rank]  # (the rank's one object: nothing holds a run past the loop's wake that reads it)
+    run.restart(start, first_step)
     run_at_once[rank] = run
     return run.last_start(end)
 
@@ -366,6 +430,10 @@ class Deployment:
         # (ints: the arrival's products and division native; the config's fields are Any to mypyc)
         self.ps: int = cfg.page_size
         self.block_size: int = cfg.block_size
+        # (the rank whose `_page_keys` makes an arrival's keys: any rank's are the same)
+        self.keys_of: Scheduler = self.ranks[0]
+        if any(sched.ps != self.ps or sched.cfg.block_size != self.block_size for sched in self.ranks):
+            raise ValueError("a deployment's ranks share its page and block size")
         self.gateway = Gateway(RouterConfig.from_config(cfg), len(self.ranks))
         # (typed: the loop reads the head's time as a native int, where an untyped list's
         # `events[0][0]` was a generic item read and a compare with `now` boxed, issue 41)
@@ -385,29 +453,21 @@ class Deployment:
         self.session_rank: dict[str, int] = {}  # a session's last rank (where its dropped turns are recorded)
         self.arrivals: ArrivalSource | None = None
         n = len(self.ranks)
+        self.clocks: list[RankClock] = []
         for rank, sched in enumerate(self.ranks):
             sched.as_rank(rank, n)
-            sched.at = sched.ctrl.at = self._at_for(sched)
+            clock = RankClock(self.events, self.own_times[rank], sched)
+            self.clocks.append(clock)
+            sched.clock = sched.ctrl.clock = clock
             sched.on_leave = self._leave
-
-    def _at_for(self, sched: Scheduler):
-        events, own = self.events, self.own_times[sched.rank]
-
-        def at(t_ns: int, fn, arg) -> None:
-            events.push(t_ns, sched, fn, arg)
-
-        def at_tracked(t_ns: int, fn, arg) -> None:
-            own.put(events.push(t_ns, sched, fn, arg))
-
-        return at_tracked if self.track_own else at
 
     def _untrack(self) -> None:
         """No rank's steps run ahead from here on: their events' times are no longer kept."""
         self.track_own = False
-        for sched in self.ranks:
-            sched.at = sched.ctrl.at = self._at_for(sched)
+        for clock in self.clocks:
+            clock.tracked = False
         for own in self.own_times:
-            own.items.clear()
+            own.clear()
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, requests: Iterable[TraceRequest]) -> EngineStats:
@@ -418,10 +478,9 @@ class Deployment:
             sched.arrivals = src
         lanes = [_Lane(sched) for sched in ranks]
         events = self.events
-        heads = events.items  # (items[0]: the next event; the heap keeps this list)
+        heads = events.slots  # (slots[0]: the next event where `events.n`; the heap keeps this list)
         own_times = self.own_times
         ticks = [t for t in dict.fromkeys(s.emit.tick for s in ranks) if t is not None]
-        arrive = self._arrive
         # An idle rank passes (Scheduler.idle_pass) only where that can change something
         # (idle_pass_changes): ~586k calls of a --dp 8 conversation replay, most at wakes for
         # another rank's batch or events.
@@ -438,6 +497,7 @@ class Deployment:
         # Per rank: its last passes run at once, as what their times are made from (AheadRun);
         # the times themselves only where a stuck rank asks for them (no conversation replay does)
         run_at_once: list[AheadRun | None] = [None for _ in ranks]
+        runs = [AheadRun(sched, 0, sched.dstep) for sched in ranks]  # (each rank's, restarted by _start_run)
         at_once_until = -1  # the latest of them
         now = 0
         # In an open loop only `due` moves the source (no finish releases a turn, none is
@@ -457,10 +517,14 @@ class Deployment:
         while True:
             while True:  # arrivals and events at `now`, until a finish releases no turn due now
                 deliver = closed or (has_next and src_next <= now)
-                if deliver:
+                # (`has_due` first, as Scheduler.run asks: in a closed loop `deliver` holds at
+                # every wake, and `due` is a generator object made, stepped and freed a call:
+                # ~129k of them on a --dp 8 conversation replay for 12k arrivals, ~95 M
+                # instructions; `due` does nothing where `has_due` is false)
+                if deliver and src.has_due(now):
                     for t, at, trace_at, think_ms in src.due(now):
-                        arrive(t, at, trace_at, think_ms)
-                while heads and heads[0].t_ns <= now:
+                        self._arrive(t, at, trace_at, think_ms)  # (a native call: no bound method)
+                while events.n and heads[0].t_ns <= now:
                     event = events.pop()
                     sched = event.sched
                     if track:
@@ -503,9 +567,9 @@ class Deployment:
                             and (not sched.waiting or sched.batch_is_full):
                         first_step = sched.dstep
                         end = sched.run_decode_ahead(now, _ahead_limit(src, now, closed, has_next, src_next,
-                                                                       own_times[rank].items))
+                                                                       own_times[rank]))
                         if sched.dstep > first_step:
-                            last = _start_run(run_at_once, rank, sched, now, first_step, end)
+                            last = _start_run(run_at_once, runs, rank, now, first_step, end)
                             if last > at_once_until:
                                 at_once_until = last
                             lane.free = end
@@ -519,11 +583,11 @@ class Deployment:
                     if ended is not None:
                         end = ended  # (unboxed once)
                         if runs_ahead:
-                            limit = _ahead_limit(src, now, closed, has_next, src_next, own_times[rank].items)
+                            limit = _ahead_limit(src, now, closed, has_next, src_next, own_times[rank])
                             start, first_step = end, sched.dstep
                             end = sched.run_decode_ahead(end, limit)
                             if sched.dstep > first_step:
-                                last = _start_run(run_at_once, rank, sched, start, first_step, end)
+                                last = _start_run(run_at_once, runs, rank, start, first_step, end)
                                 if last > at_once_until:
                                     at_once_until = last
                             elif run_at_once[rank] is not None:
@@ -542,7 +606,7 @@ class Deployment:
                 for tick in ticks:  # a batch's events are in: the probe may flush its buffers
                     tick()
             has_nxt, nxt = has_next, src_next
-            if heads:
+            if events.n:
                 head_ns = heads[0].t_ns
                 if not has_nxt or head_ns < nxt:
                     has_nxt, nxt = True, head_ns
@@ -579,7 +643,12 @@ class Deployment:
         # (each field of the trace's request read once: a generic attribute read each)
         input_len: int = t.input_len
         session: str | None = t.session
-        keys_np = page_keys_array(t, page_size=ps, block_size=self.block_size)
+        # The page keys as a rank's own arrival makes them (`Scheduler._page_keys`: the data
+        # plane's C for a hash_ids request, page_keys_array otherwise, which raises what it
+        # raises; every rank has the deployment's page and block size). page_keys_array called
+        # here was three interpreted frames, ~8,600 instructions an arrival, where a --dp 1
+        # replay took the C path (issue 41 session 37).
+        keys_np, keys = self.keys_of._page_keys(t)
         # The router's keys and the peeks': a key run (array('q'), two memcpys), not a list of an
         # int object a page (~21,000 instructions an arrival, callgrind, conversation trace): the
         # router reads a few keys of it a rank (the first of each run on its path) and lists only
@@ -587,7 +656,6 @@ class Deployment:
         # where a list went to the Python reference. The rank's request keeps its own int64 run
         # of `keys_np` (`Scheduler._arrive`: one memcpy), which its finish grows with the output
         # pages' keys; this one is never grown (no policy's `on_finish` reads `page_keys`).
-        keys = key_run(keys_np)
         # (tuple.__new__ as NamedTuple._make does, here and for Route: the generated __new__, or
         # _make, is an interpreted frame, ~2,500 instructions a request each, callgrind)
         view: RequestView = _new_tuple(RequestView, (t.req_id, keys, input_len, ps, session))

@@ -283,7 +283,7 @@ class StoragePrefetch(RequestRecords):
             case PrefetchPolicy.BEST_EFFORT:
                 pass  # the prefetch never holds the request (SGLang: best_effort terminates at once)
         if req.hold_until_ns > now:
-            self.at(req.hold_until_ns, _noop, None)
+            self.clock.at(req.hold_until_ns, _noop, None)
 
     def _prefetch_holds(self, req: Req, now: int) -> bool:
         """An admission poll of a request whose prefetch may still hold it (check_prefetch_progress):
@@ -297,11 +297,11 @@ class StoragePrefetch(RequestRecords):
             req.prefetch_deadline_ns = deadline = now + wait + 1
             if deadline < req.hold_until_ns:
                 req.hold_until_ns = deadline
-                self.at(deadline, _noop, None)
+                self.clock.at(deadline, _noop, None)
         if req.hold_until_ns > now:
             return True
         if self._prefetch_unacked(req, now):
-            self.at(now, _noop, None)  # the event loop's next pass drains the read's acks
+            self.clock.at(now, _noop, None)  # the event loop's next pass drains the read's acks
             return True
         return False
 
@@ -384,7 +384,7 @@ class StoragePrefetch(RequestRecords):
         req.prefetch_retries += 1
         req.storage_hit_end = None
         self._start_prefetch(req, now)
-        self.at(now, _noop, None)  # skipped: the event loop passes again at once
+        self.clock.at(now, _noop, None)  # skipped: the event loop passes again at once
         return True
 
     def _arm_prefetch_retry(self, req: Req, storage_hit_end: int | None = None) -> None:

@@ -18,7 +18,7 @@ from tierdiag.errors import EngineError  # noqa: F401 - admission, scheduler and
 if TYPE_CHECKING:
     from tierdiag.config.engine import EngineConfig
     from tierdiag.engine.arrivals import ArrivalSource
-    from tierdiag.engine.controller import CacheController, EngineStats
+    from tierdiag.engine.controller import CacheController, Clock, EngineStats
     from tierdiag.engine.costmodel import CostModel
     from tierdiag.engine.emitters import Emitters
     from tierdiag.engine.miss import MissTracker
@@ -127,7 +127,7 @@ class SchedulerState:
     rank: int
     id_step: int
     on_leave: Callable[[Req, int], None] | None
-    at: Callable[[int, Any, Any], None]
+    clock: Clock
     processed_tokens: int
     arrived_at: dict[int, int]
     _total_offset: Any

@@ -36,7 +36,7 @@ from tierdiag.config.engine import EngineConfig
 from tierdiag.engine.admission import Admission
 from tierdiag.engine.arrivals import ArrivalSource, pause_ms
 from tierdiag.engine.cached_split import split_kind
-from tierdiag.engine.controller import CacheController, EngineStats
+from tierdiag.engine.controller import CacheController, Clock, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.emitters import Emitters
 from tierdiag.engine.miss import MissTracker
@@ -64,6 +64,20 @@ _FROMBUFFER: Final[Any] = np.frombuffer  # (bound once: `np.frombuffer` is a mod
 # dict at every use (~130 instructions; issue 41, session 24)
 _HEAPPUSH: Final = heappush
 _HEAPPOP: Final = heappop
+
+
+class OwnClock(Clock):
+    """A scheduler's own event queue (Scheduler.run's): a heap of (t_ns, order, fn, arg), the
+    order the pushes' count, so events at one time run in the order they were put in."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[int, int, Any, Any]] = []
+        self.order = 0
+
+    def at(self, t_ns: int, fn: Any, arg: Any) -> None:
+        order = self.order + 1
+        self.order = order
+        _HEAPPUSH(self.events, (t_ns, order, fn, arg))
 
 
 class Scheduler(Admission):
@@ -133,9 +147,9 @@ class Scheduler(Admission):
         # run): a request's record says how much of its wait was decode steps (`DecodeRuns.before`).
         self._druns = DecodeRuns()
         self._split_kind = split_kind(self.rules.split_cached_prefix)  # RequestRecords.rules_split's call
-        self._events: list[tuple[int, int, Any, Any]] = []
+        own_clock = OwnClock()
+        self._events: list[tuple[int, int, Any, Any]] = own_clock.events  # (the loop reads the heap itself)
         self._fold_now = 0  # the loop's wake that `_wakes_until` ran last
-        self._order = 0
         self._batch_id = 0
         self.event_ns = 0  # virtual time of the event being handled
         self.count_hits = cfg.write_policy != WritePolicy.WRITE_BACK  # _inc_hit_count returns early under write_back
@@ -206,10 +220,10 @@ class Scheduler(Admission):
         # Called with (request, now) when a request leaves this scheduler, finished or rejected
         # (a deployment's router counts what it has in flight); None: nobody asks.
         self.on_leave = None
-        # at(t_ns, fn, arg): fn(arg) at virtual time t_ns; an attribute (not a method) because a
-        # deployment puts its shared queue's in its place (engine/deployment.py)
-        self.at = self._at_own
-        ctrl.at = self.at
+        # clock.at(t_ns, fn, arg): fn(arg) at virtual time t_ns; its own queue's, where a
+        # deployment puts its shared queue's (engine/deployment.py RankClock)
+        self.clock = own_clock
+        ctrl.clock = own_clock
         # The events' callbacks bound once (a bound method made at every `at` was ~460
         # instructions: the attribute look-up on the type and the method object; session 27)
         self._prefill_done_fn = self._prefill_done
@@ -231,11 +245,6 @@ class Scheduler(Admission):
         self._batch_id = rank + 1 - num_ranks
         self.tree.number_nodes(rank + 1, num_ranks)
         self.ctrl.as_rank(rank, num_ranks)
-
-    def _at_own(self, t_ns: int, fn, arg) -> None:
-        """`at` of a scheduler on its own: the event on its own queue (a deployment replaces `at`)."""
-        self._order += 1
-        _HEAPPUSH(self._events, (t_ns, self._order, fn, arg))
 
     # --- main loop -----------------------------------------------------------------------
     def run(self, requests: Iterable[TraceRequest]) -> EngineStats:
