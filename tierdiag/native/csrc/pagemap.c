@@ -1,5 +1,6 @@
-/* engine/pagemap.py's PageMap on its int32 array (a slot holds its value's complement, ~value:
- * zero bytes, a page the kernel never had to touch, are MISSING = -1; session 36): map_set, set_many's common case (every key
+/* engine/pagemap.py's PageMap on its two-level int32 array (a slot holds its value's complement,
+ * ~value: zero bytes, a page the kernel never had to touch, are MISSING = -1; session 36; a key's
+ * slot is in the leaf its range's top entry names, leaf 0 the zero one; session 37): map_set, set_many's common case (every key
  * inside the array; PageMap._set_many_py is the reference), and blame, of a request's computed
  * pages how many were cached once and which evictions took them (pagemap.blame_py is the
  * reference). */
@@ -29,23 +30,76 @@ int32_view(PyObject *obj, Py_buffer *b, int flags)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* map_set(dense, keys, value) -> 0, or -1                                                     */
+/* MapCore: PageMap's base on the compiled data plane. It holds the map's two-level array
+ * (`_top`: a leaf's number for each LEAF keys, 0 for none; `_leaves`: the leaves, leaf 0 never
+ * written; `_nleaves`: the leaves made; attributes PageMap sets and grows; session 37) so the
+ * engine's set_many is one call into C with no interpreted wrapper frame (issue 41, session 19);
+ * what map_set declines goes, with the same arguments, to PageMap._set_many_py. */
+
+#define LEAF_SHIFT 6
+#define LEAF_LOW ((1 << LEAF_SHIFT) - 1)
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *top;
+    PyObject *leaves;
+    Py_ssize_t nleaves;
+} MapCore;
+
+/* A map's two arrays as views (writable with `flags` PyBUF_WRITABLE): 1, or 0 (not a MapCore,
+ * or arrays of other types or sizes: nothing held). `*slots` is the keys the array holds. */
+static int
+map_views(PyObject *obj, Py_buffer *tb, Py_buffer *lb, int flags, int64_t *slots)
+{
+    MapCore *m;
+    if (!PyObject_TypeCheck(obj, &cp_MapCoreType)) {
+        return 0;
+    }
+    m = (MapCore *)obj;
+    if (m->top == NULL || m->leaves == NULL || !int32_view(m->top, tb, flags)) {
+        return 0;
+    }
+    if (!int32_view(m->leaves, lb, flags)) {
+        PyBuffer_Release(tb);
+        return 0;
+    }
+    /* room for a leaf for every entry of the top and the zero leaf, and no more leaves made */
+    if (lb->len / 4 < ((tb->len / 4) + 1) << LEAF_SHIFT || m->nleaves < 0 || m->nleaves > tb->len / 4) {
+        PyBuffer_Release(tb);
+        PyBuffer_Release(lb);
+        return 0;
+    }
+    *slots = (int64_t)(tb->len / 4) << LEAF_SHIFT;
+    return 1;
+}
+
+/* Key k's slot (0 <= k < the map's slots): ~value, 0 where never set (no leaf: the zero leaf). */
+static inline int32_t
+map_slot(const int32_t *top, const int32_t *leaves, int64_t k)
+{
+    return leaves[((int64_t)top[k >> LEAF_SHIFT] << LEAF_SHIFT) | (k & LEAF_LOW)];
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* map_set(map, keys, value) -> 0, or -1                                                       */
 
 PyDoc_STRVAR(map_set_doc,
-"map_set(dense, keys, value) -> 0, or -1\n\n"
-"PageMap.set_many's common case on its array (a 1-D native int32 buffer, writable): dense[k] =\n"
-"~value (the slot's form: 0 is MISSING) for every key, a negative key (an output page) skipped. -1, having changed nothing, if\n"
+"map_set(map, keys, value) -> 0, or -1\n\n"
+"PageMap.set_many's common case on a map's array (MapCore's `_top` and `_leaves`): each key's\n"
+"slot = ~value (the slot's form: 0 is MISSING), a leaf made where its range has none (in the\n"
+"order the keys come), a negative key (an output page) skipped. -1, having changed nothing, if\n"
 "a key is past the array's end, the value outside [0, 2**31) or an argument of another type:\n"
 "PageMap's Python path then (it grows the array, or keeps the key in its dict).");
 
-/* dense[k] = ~value for every key (negative keys skipped): 1 done, 0 declined having changed
- * nothing (a key past the end, a value outside [0, 2**31), another type), -1 MemoryError. */
+/* Each key's slot = ~value (negative keys skipped): 1 done, 0 declined having changed nothing
+ * (a key past the end, a value outside [0, 2**31), another type), -1 MemoryError. */
 static int
-map_set_impl(PyObject *dense_o, PyObject *keys_o, PyObject *value_o)
+map_set_impl(PyObject *map, PyObject *keys_o, PyObject *value_o)
 {
-    Py_buffer b;
+    Py_buffer tb, lb;
     Ints keys;
     long long value;
+    int64_t len;
     int loaded;
     Py_ssize_t i, n;
     if (!PyLong_CheckExact(value_o)) {
@@ -59,31 +113,42 @@ map_set_impl(PyObject *dense_o, PyObject *keys_o, PyObject *value_o)
     if (value < 0 || value > INT32_MAX) {
         return 0;
     }
-    if (!int32_view(dense_o, &b, PyBUF_WRITABLE)) {
+    if (!map_views(map, &tb, &lb, PyBUF_WRITABLE, &len)) {
         return 0;
     }
     loaded = ints_load(keys_o, &keys);
     if (loaded <= 0) {
-        PyBuffer_Release(&b);
+        PyBuffer_Release(&tb);
+        PyBuffer_Release(&lb);
         return loaded;
     }
-    int32_t *dense = (int32_t *)b.buf;
-    const Py_ssize_t len = b.len / 4;
+    int32_t *top = (int32_t *)tb.buf, *leaves = (int32_t *)lb.buf;
+    const int32_t slot = ~(int32_t)value;
+    Py_ssize_t made = ((MapCore *)map)->nleaves;
     n = keys.n;
     for (i = 0; i < n; i++) {  /* every key checked before one is stored */
         if (keys.v[i] >= len) {
             ints_free(&keys);
-            PyBuffer_Release(&b);
+            PyBuffer_Release(&tb);
+            PyBuffer_Release(&lb);
             return 0;
         }
     }
     for (i = 0; i < n; i++) {
-        if (keys.v[i] >= 0) {
-            dense[keys.v[i]] = ~(int32_t)value;
+        const int64_t k = keys.v[i];
+        if (k >= 0) {
+            int32_t leaf = top[k >> LEAF_SHIFT];
+            if (leaf == 0) {  /* map_views: a leaf for every entry fits */
+                leaf = (int32_t)++made;
+                top[k >> LEAF_SHIFT] = leaf;
+            }
+            leaves[((int64_t)leaf << LEAF_SHIFT) | (k & LEAF_LOW)] = slot;
         }
     }
+    ((MapCore *)map)->nleaves = made;
     ints_free(&keys);
-    PyBuffer_Release(&b);
+    PyBuffer_Release(&tb);
+    PyBuffer_Release(&lb);
     return 1;
 }
 
@@ -91,7 +156,7 @@ static PyObject *
 cp_map_set(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     int done;
-    if (wrong_nargs(nargs, 3, "map_set() takes 3 arguments: dense, keys, value")) {
+    if (wrong_nargs(nargs, 3, "map_set() takes 3 arguments: map, keys, value")) {
         return NULL;
     }
     done = map_set_impl(args[0], args[1], args[2]);
@@ -101,21 +166,11 @@ cp_map_set(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     return done ? PyLong_FromLong(0) : not_mine();
 }
 
-/* ------------------------------------------------------------------------------------------ */
-/* MapCore: PageMap's base on the compiled data plane. It holds the map's array (`_dense`, an
- * attribute PageMap sets and grows) so the engine's set_many is one call into C with no
- * interpreted wrapper frame (issue 41, session 19); what map_set declines goes, with the same
- * arguments, to PageMap._set_many_py. */
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *dense;
-} MapCore;
-
 static void
 mapcore_dealloc(MapCore *self)
 {
-    Py_CLEAR(self->dense);
+    Py_CLEAR(self->top);
+    Py_CLEAR(self->leaves);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -132,8 +187,8 @@ mapcore_set_many(MapCore *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     /* keys, value and at most outputs_last (a hint the C store does not need) */
     int plain = nkw == 0 || (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "outputs_last") == 0);
-    if (nargs == 2 && plain && self->dense != NULL) {
-        int done = map_set_impl(self->dense, args[0], args[1]);
+    if (nargs == 2 && plain) {
+        int done = map_set_impl((PyObject *)self, args[0], args[1]);
         if (done < 0) {
             return NULL;
         }
@@ -157,7 +212,9 @@ mapcore_set_many(MapCore *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
 }
 
 static PyMemberDef mapcore_members[] = {
-    {"_dense", T_OBJECT, offsetof(MapCore, dense), 0, "the map's array (array('i')), set by PageMap"},
+    {"_top", T_OBJECT, offsetof(MapCore, top), 0, "each leaf range's leaf number, 0 for none (int32 memoryview), set by PageMap"},
+    {"_leaves", T_OBJECT, offsetof(MapCore, leaves), 0, "the leaves, leaf 0 the zero one (int32 memoryview), set by PageMap"},
+    {"_nleaves", T_PYSSIZET, offsetof(MapCore, nleaves), 0, "the leaves made (1.._nleaves of _leaves)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -183,7 +240,7 @@ PyTypeObject cp_MapCoreType = {
 
 PyDoc_STRVAR(blame_doc,
 "blame(cached, demoted, keys, lost, ps) -> int, or -1\n\n"
-"pagemap.blame on the page maps' arrays (1-D native int32 buffers: PageMap._dense, each slot\n"
+"pagemap.blame on the page maps' arrays (two PageMaps on the compiled data plane: each slot\n"
 "~value, 0 where a key was never set; past the end MISSING too): how many of the keys were cached once (value >= 0);\n"
 "with `lost` a dict, also adds ps tokens to lost[eid] for each page an eviction took (its\n"
 "cached value, when > 0), then for each once-cached page's demotion before (demoted value\n"
@@ -240,7 +297,8 @@ blame_runs(PyObject *lost, const int32_t *ids, Py_ssize_t n, long long ps)
 static PyObject *
 cp_blame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_buffer cb, db;
+    Py_buffer ct, cl, dt, dl;
+    int64_t nc, nd;
     Ints keys;
     PyObject *lost, *out = NULL;
     long long ps;
@@ -259,21 +317,25 @@ cp_blame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         return not_mine();
     }
-    if (!int32_view(args[0], &cb, 0)) {
+    if (!map_views(args[0], &ct, &cl, 0, &nc)) {
         return not_mine();
     }
-    if (!int32_view(args[1], &db, 0)) {
-        PyBuffer_Release(&cb);
+    if (!map_views(args[1], &dt, &dl, 0, &nd)) {
+        PyBuffer_Release(&ct);
+        PyBuffer_Release(&cl);
         return not_mine();
     }
     loaded = ints_load(args[2], &keys);
     if (loaded <= 0) {
-        PyBuffer_Release(&cb);
-        PyBuffer_Release(&db);
+        PyBuffer_Release(&ct);
+        PyBuffer_Release(&cl);
+        PyBuffer_Release(&dt);
+        PyBuffer_Release(&dl);
         return loaded < 0 ? NULL : not_mine();
     }
-    const int32_t *cached = (const int32_t *)cb.buf, *demoted = (const int32_t *)db.buf;
-    const Py_ssize_t nc = cb.len / 4, nd = db.len / 4, n = keys.n;
+    const int32_t *ctop = (const int32_t *)ct.buf, *cleaves = (const int32_t *)cl.buf;
+    const int32_t *dtop = (const int32_t *)dt.buf, *dleaves = (const int32_t *)dl.buf;
+    const Py_ssize_t n = keys.n;
     for (i = 0; i < n; i++) {
         if (keys.v[i] < 0) {
             out = not_mine();
@@ -289,7 +351,7 @@ cp_blame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     for (i = 0; i < n; i++) {
         int64_t k = keys.v[i];
-        int32_t e = k < nc ? ~cached[k] : -1;
+        int32_t e = k < nc ? ~map_slot(ctop, cleaves, k) : -1;
         if (e >= 0) {
             found++;
             if (took != NULL && e > 0) {
@@ -300,8 +362,8 @@ cp_blame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     if (took != NULL && found) {
         for (i = 0; i < n; i++) {
             int64_t k = keys.v[i];
-            if ((k < nc ? ~cached[k] : -1) >= 0) {
-                int32_t d = k < nd ? ~demoted[k] : -1;
+            if ((k < nc ? ~map_slot(ctop, cleaves, k) : -1) >= 0) {
+                int32_t d = k < nd ? ~map_slot(dtop, dleaves, k) : -1;
                 if (d > 0) {
                     took[ntook++] = d;
                 }
@@ -317,8 +379,10 @@ cp_blame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 done:
     PyMem_Free(took);
     ints_free(&keys);
-    PyBuffer_Release(&cb);
-    PyBuffer_Release(&db);
+    PyBuffer_Release(&ct);
+    PyBuffer_Release(&cl);
+    PyBuffer_Release(&dt);
+    PyBuffer_Release(&dl);
     return out;
 }
 
