@@ -115,12 +115,15 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         self._n = n
 
     def _views_released(self) -> None:
-        """A mapping with a view exporting it cannot be resized: drop them."""
+        """A mapping with a view exporting it cannot be resized: drop them (the compiled base
+        holds views of `_top` and `_leaves` until they are set again: None first)."""
+        top, leaves = self._top, self._leaves
+        self._top = self._leaves = None
         for name in ("_top_np", "_leaves_np"):
             if name in self.__dict__:
                 delattr(self, name)
-        self._top.release()
-        self._leaves.release()
+        top.release()
+        leaves.release()
 
     def _flat(self) -> np.ndarray:
         """The slots as a flat array (`~value`, 0 where never set; `_n` of them): copy and
