@@ -520,6 +520,37 @@ def test_page_maps_of_hostile_keys_answer_alike_by_c_and_by_python(ops, asked):
         assert list(lost_c.items()) == list(lost_py.items())
 
 
+_RUN_START = st.one_of(st.integers(0, 1 << 14), st.sampled_from([0, 63, 64, 65, 127, 128, 4095, 4096]),
+                       st.integers(-3, 2))
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(st.tuples(_RUN_START, st.integers(0, 300), st.lists(st.integers(-(1 << 63), -1), max_size=3),
+                              st.one_of(st.none(), st.tuples(st.integers(0, 299), st.integers(-(1 << 63), (1 << 14)))),
+                              st.integers(0, 2**31 - 1), st.booleans()), max_size=12))
+def test_runs_of_keys_are_stored_leaf_by_leaf_as_python_stores_them(ops):
+    """map_set's run path (session 37): keys k0, k0 + 1, ... then output pages (a tree node's), stored
+    leaf by leaf; a run starting below 0, one key of it changed (a run no more, or a key anywhere,
+    negative or past the array), none at all: the general path. Either way the same bytes as the
+    Python twin's (the same leaves in the same order) and the answers of a dict."""
+    from tierdiag.engine.pagemap import MISSING, PageMap
+
+    with_c, python, model = PageMap(), PageMap(), {}
+    for start, length, outputs, change, value, as_array in ops:
+        keys = list(range(start, start + length))
+        if change is not None and change[0] < len(keys):
+            keys[change[0]] = change[1]
+        keys += outputs
+        arg = np.array(keys, dtype=np.int64) if as_array else keys
+        PageMap._set_many_c(with_c, arg, value)
+        PageMap._set_many_py(python, arg, value)
+        model.update(dict.fromkeys((k for k in keys if k >= 0), value))
+    assert _raw(with_c) == _raw(python) and with_c._sparse == python._sparse
+    probe = sorted(model) + list(range(-2, 300)) + [(1 << 14) + 400]
+    assert with_c.get_list(probe) == [model.get(k, MISSING) for k in probe] == python.get_list(probe)
+
+
 @pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
 @settings(max_examples=200, deadline=None)
 @given(ops=st.lists(st.tuples(st.lists(st.integers(-50, 1 << 14), max_size=60), st.integers(0, 2**31 - 1),
