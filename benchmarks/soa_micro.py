@@ -16,8 +16,8 @@ Operations (each over `--runs` runs of L slots drawn at random from a 200,000-sl
 the list's items are scattered int objects as a long replay's are):
   split    x[:L//2] and x[L//2:] made and dropped (TreeNode split; the halves' frees included)
   concat   x + y of two halves (a request's slots put together)
-  to_c     one call into the C data plane reading the run (`_cplane.blame` with no map: its
-           ints_load then one array read a slot; the same work after the load for all)
+  to_c     one call into the C data plane reading the run (`_cplane.blame` with maps of one key
+           set: its ints_load then one map read a slot; the same work after the load for all)
   iterate  a compiled loop over the slots (sum)
   free     the run dropped (the last reference: the list decrefs every item)
 Medians of `--repeats` (ns per run), each representation interleaved with the others.
@@ -158,8 +158,11 @@ def main() -> int:
     assert blame is not None, "the compiled data plane is not built (setup.py build_ext --inplace)"
     pool = 200_000
     ints = tuple(range(pool))
-    cached = np.zeros(pool, dtype=np.int32)
-    demoted = np.zeros(pool, dtype=np.int32)
+    from tierdiag.engine.pagemap import PageMap
+
+    cached, demoted = PageMap(), PageMap()  # two maps of nothing set, grown over the pool
+    for m in (cached, demoted):
+        m.set_many([pool - 1], 0)
     rng = random.Random(41)
     with tempfile.TemporaryDirectory() as tmp:
         ops = build_ops(Path(tmp))

@@ -65,6 +65,29 @@ def test_the_stack_grows_past_its_first_tree_and_keeps_its_answers():
     assert _fed(lc.StackPython(5000), ids[:6000], query[:6000], sizes[:600], [7, 300]) == want[:int(query[:6000].sum())]
 
 
+@settings(max_examples=8, deadline=None)
+@given(st.sampled_from([(1 << 19) - 1, 1 << 19, (1 << 19) + 1, 3 << 19, 780_000]), st.integers(0, 2**32 - 1))
+def test_a_stack_of_a_huge_page_or_more_of_ids_answers_as_a_small_one(n_ids, seed):
+    """A stack whose ids fill 2 MiB or more keeps them in whole huge pages (session 37: one a rank
+    at --dp 8, each the whole trace's ids; their fills were ~7 k minor faults of the writer's):
+    every id, the last one included, starts never touched (-1), and the answers are the sort-based
+    pass's, ids drawn from both ends of the range."""
+    import resource
+
+    compiled = pytest.importorskip("tierdiag.native._stackdist")
+    rng = np.random.default_rng(seed)
+    ids = np.concatenate([rng.integers(-1, 40, 3000), rng.integers(n_ids - 40, n_ids, 3000)])
+    rng.shuffle(ids)
+    query = rng.integers(0, 2, ids.size).astype(bool)
+    sizes = np.full(600, 10, dtype=np.int64)
+    keys = np.where(ids >= 0, ids, -1 - np.arange(len(ids)))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    stack = compiled.Stack(n_ids)
+    made = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert _fed(stack, ids, query, sizes, [100, 599]) == sc._flat_depths(keys, query, sizes).tolist()
+    assert made < n_ids * 4 // 4096 + 64  # at most one fault a plain page (fewer where huge)
+
+
 @settings(max_examples=15, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 3000), st.integers(0, 60), st.integers(1, 6_000),
        st.integers(1, 12))

@@ -412,6 +412,11 @@ def _page_maps(values: dict[int, int], demotions: dict[int, int]):
     return cached, demoted
 
 
+def _raw(pm) -> tuple[bytes, bytes, int]:
+    """A page map's two-level array as it lies (session 37): its top, its leaves, the leaves made."""
+    return bytes(pm._top), bytes(pm._leaves), pm._nleaves
+
+
 @pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
 @settings(max_examples=300, deadline=None)
 @given(data=st.data(), n=st.integers(0, 120), as_array=st.booleans(), attribute=st.booleans(),
@@ -436,25 +441,26 @@ def test_the_compiled_blame_is_the_python_one(data, n, as_array, attribute, prio
     arg = np.array(keys, dtype=np.int64) if as_array else keys
     lost_c = dict(prior) if attribute else None
     lost_py = dict(prior) if attribute else None
-    assert cplane.C.blame(cached._dense, demoted._dense, arg, lost_c, 16) == blame_py(cached, demoted, arg, lost_py, 16)
+    assert cplane.C.blame(cached, demoted, arg, lost_c, 16) == blame_py(cached, demoted, arg, lost_py, 16)
     if attribute:
         assert list(lost_c.items()) == list(lost_py.items())
     assert blame(cached, demoted, arg, None, 16) == blame_py(cached, demoted, arg, None, 16)
 
 
 def test_the_compiled_blame_declines_what_it_does_not_take():
-    """A negative key (an output page), a map that is not an int32 array, `lost` not a dict:
-    -1 and nothing changed; pagemap.blame then takes its Python path, which also covers keys
+    """A negative key (an output page), a map that is not a PageMap of the compiled plane (an
+    array of its slots included), `lost` not a dict: -1 and nothing changed; pagemap.blame then takes its Python path, which also covers keys
     held in a map's dict (past DENSE_LIMIT)."""
     from tierdiag.engine.pagemap import DENSE_LIMIT, blame, blame_py
 
     cached, demoted = _page_maps({1: 3, 2: 3, 5: 0}, {1: 2})
     if cplane.C is not None:
         lost = {}
-        for args in ((cached._dense, demoted._dense, [1, -2], lost, 16),
-                     (np.zeros(8, dtype=np.int64), demoted._dense, [1], lost, 16),
-                     (cached._dense, demoted._dense, [1], [], 16),
-                     (cached._dense, demoted._dense, ["1"], lost, 16)):
+        for args in ((cached, demoted, [1, -2], lost, 16),
+                     (np.zeros(8, dtype=np.int64), demoted, [1], lost, 16),
+                     (cached._flat(), demoted, [1], lost, 16), (cached, demoted._flat(), [1], lost, 16),
+                     (cached, demoted, [1], [], 16),
+                     (cached, demoted, ["1"], lost, 16)):
             assert cplane.C.blame(*args) == -1
         assert lost == {}
     big = DENSE_LIMIT + 7
@@ -478,8 +484,9 @@ _HOSTILE_KEYS = st.one_of(st.integers(0, 1 << 14), st.integers(1 << 20, 3 << 20)
                               st.booleans()), max_size=10),
        asked=st.lists(_HOSTILE_KEYS, max_size=60))
 def test_page_maps_of_hostile_keys_answer_alike_by_c_and_by_python(ops, asked):
-    """A slot holds ~value, zero bytes MISSING (session 36): the compiled store and the Python
-    twin leave the same bytes, and every reader (get_list, get_many, get, len, blame by C and by
+    """A slot holds ~value, zero bytes MISSING (session 36), in the leaf its range's top entry
+    names (session 37): the compiled store and the Python twin leave the same bytes (the same
+    leaves made in the same order), and every reader (get_list, get_many, get, len, blame by C and by
     Python, a pickled copy) answers as a dict would, for keys negative (output pages, never
     kept), past DENSE_LIMIT (the dict part), the largest int64 and values at both ends of
     [0, 2**31)."""
@@ -495,7 +502,8 @@ def test_page_maps_of_hostile_keys_answer_alike_by_c_and_by_python(ops, asked):
             set_many(cached if i % 3 else demoted, arg, value)
         (model if i % 3 else demoted_model).update(dict.fromkeys((k for k in keys if k >= 0), value))
     (c_cached, c_demoted), (py_cached, py_demoted) = maps["c"], maps["py"]
-    assert bytes(c_cached._dense) == bytes(py_cached._dense) and c_cached._sparse == py_cached._sparse
+    assert _raw(c_cached) == _raw(py_cached) and c_cached._sparse == py_cached._sparse
+    assert _raw(c_demoted) == _raw(py_demoted)
     probe = asked + [k for keys, _, _ in ops for k in keys]
     expected = [model.get(k, MISSING) for k in probe]
     for pm in (c_cached, py_cached, pickle.loads(pickle.dumps(c_cached))):
@@ -508,8 +516,39 @@ def test_page_maps_of_hostile_keys_answer_alike_by_c_and_by_python(ops, asked):
     assert want == sum(1 for k in inputs if k in model)
     if not c_cached._sparse and not c_demoted._sparse:
         lost_c: dict[int, int] = {}
-        assert cplane.C.blame(c_cached._dense, c_demoted._dense, inputs, lost_c, 16) == want
+        assert cplane.C.blame(c_cached, c_demoted, inputs, lost_c, 16) == want
         assert list(lost_c.items()) == list(lost_py.items())
+
+
+_RUN_START = st.one_of(st.integers(0, 1 << 14), st.sampled_from([0, 63, 64, 65, 127, 128, 4095, 4096]),
+                       st.integers(-3, 2))
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=300, deadline=None)
+@given(ops=st.lists(st.tuples(_RUN_START, st.integers(0, 300), st.lists(st.integers(-(1 << 63), -1), max_size=3),
+                              st.one_of(st.none(), st.tuples(st.integers(0, 299), st.integers(-(1 << 63), (1 << 14)))),
+                              st.integers(0, 2**31 - 1), st.booleans()), max_size=12))
+def test_runs_of_keys_are_stored_leaf_by_leaf_as_python_stores_them(ops):
+    """map_set's run path (session 37): keys k0, k0 + 1, ... then output pages (a tree node's), stored
+    leaf by leaf; a run starting below 0, one key of it changed (a run no more, or a key anywhere,
+    negative or past the array), none at all: the general path. Either way the same bytes as the
+    Python twin's (the same leaves in the same order) and the answers of a dict."""
+    from tierdiag.engine.pagemap import MISSING, PageMap
+
+    with_c, python, model = PageMap(), PageMap(), {}
+    for start, length, outputs, change, value, as_array in ops:
+        keys = list(range(start, start + length))
+        if change is not None and change[0] < len(keys):
+            keys[change[0]] = change[1]
+        keys += outputs
+        arg = np.array(keys, dtype=np.int64) if as_array else keys
+        PageMap._set_many_c(with_c, arg, value)
+        PageMap._set_many_py(python, arg, value)
+        model.update(dict.fromkeys((k for k in keys if k >= 0), value))
+    assert _raw(with_c) == _raw(python) and with_c._sparse == python._sparse
+    probe = sorted(model) + list(range(-2, 300)) + [(1 << 14) + 400]
+    assert with_c.get_list(probe) == [model.get(k, MISSING) for k in probe] == python.get_list(probe)
 
 
 @pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
@@ -532,13 +571,19 @@ def test_page_map_stores_by_the_compiled_data_plane_as_by_python(ops):
     probe = list(range(-3, (1 << 14) + 3))
     assert with_c.get_many(probe).tolist() == python.get_many(probe).tolist()
     assert len(with_c) == len(python)
-    assert bytes(with_c._dense) == bytes(python._dense)  # grown alike
-    before = bytes(with_c._dense)
-    for args in ((with_c._dense, [0, len(with_c._dense)], 5), (with_c._dense, [0], 2**31),
-                 (with_c._dense, [0], -1), (with_c._dense, [0], True), (with_c._dense, [0, "1"], 5),
-                 (np.zeros(8, dtype=np.int64), [0], 5), (bytes(8), [0], 5)):
+    assert _raw(with_c) == _raw(python)  # grown alike, the same leaves in the same order
+    before = _raw(with_c)
+    for args in ((with_c, [0, with_c._n], 5), (with_c, [with_c._n - 1, 1 << 40], 5), (with_c, [0], 2**31),
+                 (with_c, [0], -1), (with_c, [0], True), (with_c, [0, "1"], 5),
+                 (with_c._flat(), [0], 5), (np.zeros(8, dtype=np.int64), [0], 5), (bytes(8), [0], 5)):
         assert cplane.C.map_set(*args) == -1
-    assert bytes(with_c._dense) == before
+    assert _raw(with_c) == before
+    made = with_c._nleaves
+    for bad in (-1, with_c._n // pagemap.LEAF + 1):  # a leaf count the arrays cannot hold: declined
+        with_c._nleaves = bad
+        assert cplane.C.map_set(with_c, [0], 5) == -1 and cplane.C.blame(with_c, python, [0], None, 16) == -1
+    with_c._nleaves = made
+    assert _raw(with_c) == before
     with pytest.raises(OverflowError):  # what it declines, the Python path refuses
         PageMap._set_many_c(with_c, [0], 2**31)
 

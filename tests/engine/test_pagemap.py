@@ -7,7 +7,8 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from tierdiag.engine import pagemap
-from tierdiag.engine.pagemap import DENSE_LIMIT, DOUBLE_SLOTS, GROW_SHIFT, GROW_SHIFT_MANY, MISSING, PageMap
+from tierdiag.engine.pagemap import (DENSE_LIMIT, DOUBLE_SLOTS, GROW_SHIFT, GROW_SHIFT_MANY, LEAF, LEAF_SHIFT, MISSING,
+                                     PageMap)
 
 _KEYS = st.one_of(st.integers(0, 5_000), st.integers(0, 3 << 20), st.integers(DENSE_LIMIT - 4, (1 << 63) - 1),
                   st.integers(-(1 << 63), -1))  # output pages: never kept
@@ -79,10 +80,10 @@ def test_a_climbing_key_range_doubles_the_array_below_double_slots_then_grows_by
         for i, step in enumerate(steps):
             keys = list(range(top, top + step * 97, 7))
             top += step * 97
-            before = len(pm._dense)
+            before = pm._n
             pm.set_many(keys if as_list else np.array(keys, dtype=np.int64), i + 1)  # both call paths
             model.update(dict.fromkeys(keys, i + 1))
-            high, now = max(model), len(pm._dense)
+            high, now = max(model), pm._n
             assert high < now and now % 4096 == 0
             assert now <= max(1 << 12, high + (high >> 3) + 4096, min(2 * high, double_slots))
             if now != before:
@@ -94,7 +95,7 @@ def test_a_climbing_key_range_doubles_the_array_below_double_slots_then_grows_by
     assert pm.get_many(asked).tolist() == [model.get(k, MISSING) for k in asked]
     # every slot of the grown array (the kernel's zero pages, ~MISSING: session 36) that no key
     # set is MISSING, to the last one; a slot holds its value's complement
-    dense = [~v for v in pm._dense.tolist()]
+    dense = [~v for v in pm._flat().tolist()]
     assert [k for k, v in enumerate(dense) if v != MISSING] == sorted(model)
     assert all(dense[k] == model[k] for k in model)
 
@@ -114,7 +115,7 @@ def test_grown_slots_are_missing_and_a_slot_holds_the_complement(steps, low):
         for pm in maps:
             pm.set_many(keys, value)
     for pm in maps:
-        raw = pm._np
+        raw = pm._flat()
         assert np.flatnonzero(raw).tolist() == sorted(model)
         assert np.invert(raw[sorted(model)]).tolist() == [model[k] for k in sorted(model)]
         assert pm.get_many(list(model)).tolist() == list(model.values())
@@ -134,9 +135,60 @@ def test_a_grow_touches_no_page_of_its_unset_slots():
     for k in far:
         pm.set_many([k], 2)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    assert len(pm._dense) > 10 << 20 and not pm._sparse
+    assert pm._n > 10 << 20 and not pm._sparse
     assert faults < 1024, faults
     assert pm.get_list([0, 1, *far]) == [1, MISSING, 2, 2]
+
+
+@settings(max_examples=100, deadline=None)
+@given(_OPS, st.integers(0, 1))
+def test_a_leaf_is_made_for_each_range_a_key_was_set_in_in_the_order_first_set(ops, as_array):
+    # The array is two-level (session 37): `_top[k >> LEAF_SHIFT]` names the leaf that holds
+    # key k's slot, 0 for none; the leaves are made on a range's first set, numbered 1, 2, ...
+    # in the order their first key comes (the C map_set's order, so both leave the same bytes),
+    # and leaf 0, the zero leaf every range without one reads, is never written.
+    pm, order = PageMap(), []
+    for keys, value in ops:
+        pm.set_many(np.array(keys, dtype=np.int64) if as_array else keys, value)
+        for k in keys:
+            if 0 <= k < pm._n and k >> LEAF_SHIFT not in order:
+                order.append(k >> LEAF_SHIFT)
+    top = np.frombuffer(pm._top, dtype=np.int32)
+    assert pm._nleaves == len(order) and top.size == pm._n >> LEAF_SHIFT
+    assert np.flatnonzero(top).tolist() == sorted(order)
+    assert [int(top[r]) for r in order] == list(range(1, len(order) + 1))
+    assert not any(pm._leaves[:LEAF])  # the zero leaf
+    assert not any(pm._leaves[(len(order) + 1) * LEAF:])  # no leaf past those made
+    assert len(pm._leaves) == pm._n + LEAF  # room for a leaf a range, and the zero one
+
+
+def test_reads_and_sets_touch_only_the_leaves_of_the_keys_set():
+    # The point of the leaves (session 37): at --dp 8 a rank sets ~8 % of its maps' key range,
+    # in runs of ~120 keys a set key every ~12 slots on average: a flat array of zero pages
+    # still touched 45 % of its pages (13.8 k), and reading never-set keys (blame of another
+    # rank's pages) mapped ~5 k more. Runs of 128 keys every 4096 over ~40 MiB of slots make 2
+    # leaves (512 bytes) a run; reading every key of the range touches no leaf page beyond them.
+    import resource
+
+    pm = PageMap(GROW_SHIFT_MANY)
+    for k in (1 << 20, 10 << 20):  # grown first (each inside its reach): no grow inside the measure
+        pm.set_many([k], 1)
+    assert not pm._sparse and pm._n > 10 << 20
+    runs = [np.arange(s, s + 128, dtype=np.int64) for s in range(0, 10 << 20, 4096)]  # 2,560 runs
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for i, run in enumerate(runs):
+        pm.set_many(run, i % 7)
+    asked = np.arange(0, 10 << 20, 61, dtype=np.int64)  # every 4 KiB page of a flat array read
+    got = pm.get_many(asked, inputs=True)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert pm._nleaves == 2 * len(runs) + 1
+    # the leaves: 5,121 x 256 bytes = 320 pages; the top 40 KiB; numpy's temporaries of 172 k keys
+    # (~1.4 MiB each); a flat array touched 2,560 pages set and all 10,240 read
+    assert faults < 4_000, faults  # here ~2.2 k
+    want = np.full(asked.size, MISSING)
+    inrun = (asked % 4096) < 128
+    want[inrun] = ((asked[inrun] // 4096) % 7)
+    assert np.array_equal(got, want)
 
 
 def test_a_mapping_that_cannot_be_resized_in_place_is_copied_into_a_new_one():
@@ -172,7 +224,7 @@ def test_a_map_of_one_of_several_ranks_grows_by_half_with_the_same_answers(steps
             pm.set_many(keys if as_list else np.array(keys, dtype=np.int64), i + 1)
         model.update(dict.fromkeys(keys, i + 1))
         high = max(model)
-        assert high < len(half._dense) <= max(1 << 12, high + (high >> 1) + 4096, min(2 * high, DOUBLE_SLOTS))
+        assert high < half._n <= max(1 << 12, high + (high >> 1) + 4096, min(2 * high, DOUBLE_SLOTS))
     for keys, value in ops:
         for pm in (half, eighth):
             pm.set_many(keys, value)
@@ -194,7 +246,7 @@ def test_the_grow_shift_survives_copy_and_pickle():
     for again in (copy.deepcopy(pm), pickle.loads(pickle.dumps(pm))):
         assert again._grow_shift == GROW_SHIFT_MANY
         again.set_many([200_000], 4)
-        assert len(again._dense) == ((200_000 + (200_000 >> GROW_SHIFT_MANY)) | 4095) + 1
+        assert again._n == ((200_000 + (200_000 >> GROW_SHIFT_MANY)) | 4095) + 1
         assert again.get_list([5, 70_000, 200_000, 6]) == [3, 3, 4, MISSING]
     assert PageMap()._grow_shift == GROW_SHIFT
     # the state as before session 36: an array('i') of the values, MISSING where never set
@@ -211,9 +263,9 @@ def test_a_copy_answers_as_its_original(ops):
     pm = PageMap()
     for keys, value in ops:
         pm.set_many(keys, value)
-    asked = [k for keys, _ in ops for k in keys] + [0, 1, len(pm._dense) - 1, len(pm._dense)]
+    asked = [k for keys, _ in ops for k in keys] + [0, 1, pm._n - 1, pm._n]
     for again in (copy.deepcopy(pm), pickle.loads(pickle.dumps(pm))):
-        assert bytes(again._dense) == bytes(pm._dense)
+        assert bytes(again._flat()) == bytes(pm._flat())
         assert again.get_list(asked) == pm.get_list(asked)
         assert again._sparse == pm._sparse and len(again) == len(pm)
 

@@ -217,3 +217,78 @@ def test_the_cpu_data_plane_is_page_first_and_a_cuda_one_layer_first():
     assert cpu.to_json()["layout"] == "page_first"
     with pytest.raises(ValueError, match="page_first data plane is for CPU pools"):
         DataPlane(2, 4, "cuda", True, 64, layout="page_first")
+
+
+_HUGE = 2 << 20
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 70_000), st.integers(1, 16))
+def test_a_pool_array_is_zeros_of_its_shape_and_one_of_two_mib_or_more_starts_on_a_huge_page(layers, pages, elems):
+    # Session 37: a CPU pool's array of 2 MiB or more is an anonymous mapping from a 2 MiB
+    # boundary, its whole 2 MiB chunks madvised as huge pages (the --dp 8 pools faulted ~10 k
+    # 4 KiB pages); smaller, np.zeros. Either way: int64 zeros of the shape, C order, writable,
+    # every element its own (writes land where numpy's would).
+    from tierdiag.engine import pagepool
+
+    shape = (layers, pages, elems)
+    arr = pagepool._zeros(shape)
+    assert arr.shape == shape and arr.dtype == np.int64 and arr.flags.c_contiguous and arr.flags.writeable
+    assert not arr.any()
+    if arr.nbytes >= _HUGE:
+        assert arr.ctypes.data % _HUGE == 0
+    arr[-1, -1, -1] = 7
+    arr[0, 0, 0] = -1
+    flat = arr.reshape(-1)
+    assert flat[0] == -1 and int(np.count_nonzero(arr)) == min(arr.size, 2)
+    assert arr.size == 1 or flat[-1] == 7
+
+
+def test_a_big_pool_is_madvised_huge_over_its_whole_chunks_only():
+    # The hint covers the whole 2 MiB chunks inside the array and nothing past it (no page
+    # beyond the array is touched): the smaps VMA of its first chunk carries `hg`.
+    import mmap
+    import os
+
+    from tierdiag.engine import pagepool
+
+    if not hasattr(mmap, "MADV_HUGEPAGE") or not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+        pytest.skip("no transparent huge pages here")
+    arr = pagepool._zeros((4, 3 * 12_876 // 2, 8))  # 4.7 MiB: two whole chunks and a tail
+    start = arr.ctypes.data
+    flags = {}
+    with open("/proc/self/smaps") as fh:
+        vma = None
+        for line in fh:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                vma = (lo, hi)
+            elif head == "VmFlags:" and vma is not None:
+                flags[vma] = line.split()[1:]
+    huge = [(lo, hi) for (lo, hi), f in flags.items() if "hg" in f and lo < start + arr.nbytes and hi > start]
+    assert huge == [(start, start + 2 * _HUGE)], huge
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_big_pool_writes_verifies_copies_and_hands_its_tensor_over_its_own_memory(layout):
+    # A pool over the huge-page mapping behaves as one over np.zeros: content written and
+    # verified, the torch view the same memory, a copy and a pickle its own bytes.
+    import copy
+    import pickle
+
+    plane = DataPlane(num_layers=4, page_elems=8, device="cpu", pinned_host=False, modelled_page_bytes=256,
+                      layout=layout)
+    pool = PagePool("host", 25_752, plane, on_device=False)  # the conversation trace's host pool: 6.3 MiB
+    assert pool.array.nbytes >= 3 * _HUGE
+    slots = pool.alloc(300)
+    keys = np.arange(1_000, 1_300, dtype=np.int64)
+    write_content(pool, slots, keys)
+    assert verify_content(pool, slots, keys)
+    for again in (copy.deepcopy(pool), pickle.loads(pickle.dumps(pool))):
+        assert verify_content(again, slots, keys)
+        again.array[...] = 0
+        assert verify_content(pool, slots, keys) and not verify_content(again, slots, keys)
+    view = pool.buffer  # torch's tensor over the same memory
+    view[1, 2, 3] = 12345  # [layers, pages, elems] either layout
+    assert pool.array[1, 2, 3] == 12345

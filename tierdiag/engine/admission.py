@@ -34,7 +34,7 @@ def blame_keys(cached: Any, demoted: Any, keys: Any, lost: dict[int, int] | None
     if _C_BLAME is None:
         return blame(cached, demoted, keys, lost, ps)
     if not cached._sparse and not demoted._sparse:
-        found: int = _C_BLAME(cached._dense, demoted._dense, keys, lost, ps)
+        found: int = _C_BLAME(cached, demoted, keys, lost, ps)
         if found >= 0:
             return found
     return blame_py(cached, demoted, keys, lost, ps)

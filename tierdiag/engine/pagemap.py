@@ -6,12 +6,16 @@ hot as the prefill path.
 Keys of hash_ids traces (Mooncake, `tierdiag synth`) are small dense ints (hash id x pages a
 block + offset): those live in an int32 array indexed by key, 4 bytes a page and vectorised
 reads and writes. A slot holds its value's bitwise complement (`~value`: 0 for MISSING = -1,
-and every value in [0, 2**31) fits), so a slot never set is zero bytes: the array is an
-anonymous private mapping (mmap) that a grow extends by mremap, its new slots left to the
-kernel's zero pages, and only the 4 KiB pages a key was set in (or read) are ever touched. At
---dp 8 each rank's two maps cover the whole trace's key range with ~45 % of their pages ever
-set: filled with MISSING on every grow, they held 121 MiB touched against 16 at dp 1 (issue 41,
-session 36). Keys beyond DENSE_LIMIT (token traces: 63-bit digests; `extra_key` salts) go
+and every value in [0, 2**31) fits), so a slot never set is zero bytes. The array is two-level:
+`_top[k >> LEAF_SHIFT]` is the number of the leaf (LEAF slots, 256 bytes) that holds key k's
+slot, 0 where no key of its range was ever set, and `_leaves` the leaves packed in the order they
+were first set, leaf 0 never written (a key of no leaf reads its zero slot: MISSING). Both are
+anonymous private mappings (mmap) grown by mremap, so only pages of leaves actually made are
+touched, and a read of a key of no leaf touches no leaf page at all. At --dp 8 each rank's two
+maps span the whole trace's key range but a rank sets ~8 % of it, in runs of ~120 keys: a flat
+array filled with MISSING held 121 MiB touched against 16 at dp 1; one of zero pages (session 36)
+still touched 13.8 k pages (45 % of them, a set key every ~12 slots) and its reads of never-set
+pages ~5 k more; the leaves touch ~3.7 k (issue 41, session 37). Keys beyond DENSE_LIMIT (token traces: 63-bit digests; `extra_key` salts) go
 to a dict. Negative keys are output pages (trace/pages.output_page_keys): no request computes
 them again, so they are not kept (a set is a no-op, a get MISSING). A dict entry costs ~100 bytes: a million-request trace has tens of millions of
 distinct pages, which a dict alone would hold in gigabytes.
@@ -41,6 +45,9 @@ class _PyMap:
 
 MISSING = -1
 DENSE_LIMIT = 1 << 28  # keys below this may be array slots (at most 1 GiB of int32, grown on demand)
+LEAF_SHIFT = 6  # a leaf holds 64 slots (256 bytes): the conversation trace's --dp 8 maps touch
+LEAF = 1 << LEAF_SHIFT  # 3.7 k pages (16 slots a leaf 2.8 k, 256 6.6 k, 1024 13.8 k)
+_LOW = LEAF - 1
 _MAX_VALUE = (1 << 31) - 1
 # Up to this many keys a call loops in Python over the array (~0.1-0.2 us a key inside a replay,
 # where the caches are cold); above, numpy's vectorised ops pay for their ~10 us of set-up
@@ -58,8 +65,8 @@ DOUBLE_SLOTS = 1 << 23
 
 
 def _slots(n: int) -> tuple[mmap.mmap, memoryview]:
-    """`n` array slots, every one MISSING (zero bytes): an anonymous private mapping, none of
-    its pages touched, and its view as native ints (what `_dense` is)."""
+    """`n` native int32s, every one zero: an anonymous private mapping, none of its pages
+    touched, and its view as native ints (what `_top` and `_leaves` are)."""
     mem = mmap.mmap(-1, _SLOT_BYTES * n, flags=mmap.MAP_PRIVATE)
     return mem, memoryview(mem).cast("i")
 
@@ -86,30 +93,82 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         """`grow_shift`: the array grows to its top key and top >> grow_shift more (_grow)."""
         if type(grow_shift) is not int or not 0 <= grow_shift <= 16:
             raise ValueError(f"page map grow_shift {grow_shift!r}: an int in [0, 16] expected")
-        self._mem, self._dense = _slots(1 << 12)  # the slots hold ~value (module doc)
-        self._np = np.frombuffer(self._dense, dtype=np.int32)  # the same memory, for big calls
         self._sparse: dict[int, int] = {}
         self._grow_shift = grow_shift
+        self._nleaves = 0  # leaves made (1.. of `_leaves`; leaf 0 is the zero leaf)
+        self._n = 0
+        self._top_mem, self._top = _slots(1)
+        self._leaf_mem, self._leaves = _slots(LEAF)
+        self._size(1 << 12)
+
+    def _size(self, n: int) -> None:
+        """The array `n` slots long (a multiple of LEAF): `_top` one entry a leaf's range, and
+        room in `_leaves` for every one of them and the zero leaf (untouched pages: only the
+        leaves made are ever written)."""
+        self._views_released()
+        self._top_mem = _resized(self._top_mem, _SLOT_BYTES * (n >> LEAF_SHIFT))
+        self._leaf_mem = _resized(self._leaf_mem, _SLOT_BYTES * (n + LEAF))
+        self._top = memoryview(self._top_mem).cast("i")
+        self._leaves = memoryview(self._leaf_mem).cast("i")
+        self._top_np = np.frombuffer(self._top, dtype=np.int32)  # the same memory, for big calls
+        self._leaves_np = np.frombuffer(self._leaves, dtype=np.int32)
+        self._n = n
+
+    def _views_released(self) -> None:
+        """A mapping with a view exporting it cannot be resized: drop them (the compiled base
+        holds views of `_top` and `_leaves` until they are set again: None first)."""
+        top, leaves = self._top, self._leaves
+        self._top = self._leaves = None
+        for name in ("_top_np", "_leaves_np"):
+            if name in self.__dict__:
+                delattr(self, name)
+        top.release()
+        leaves.release()
+
+    def _flat(self) -> np.ndarray:
+        """The slots as a flat array (`~value`, 0 where never set; `_n` of them): copy and
+        pickle, and the tests."""
+        return self._leaves_np.reshape(-1, LEAF)[self._top_np].reshape(-1)
 
     def __getstate__(self) -> dict:
         """copy / pickle: the attributes and the array as before session 36, an array('i') of
-        the values, MISSING where never set (the mapping and its views are made again)."""
-        values = array("i", np.invert(self._np).tobytes())
+        the values, MISSING where never set (the mappings and their views are made again)."""
+        values = array("i", np.invert(self._flat()).tobytes())
         return {"_dense": values, "_sparse": self._sparse, "_grow_shift": self._grow_shift}
 
     def __setstate__(self, state: dict) -> None:
         values = np.frombuffer(state["_dense"], dtype=np.int32)
-        self._mem, self._dense = _slots(max(len(values), 1))
-        self._np = np.frombuffer(self._dense, dtype=np.int32)
-        set_at = np.flatnonzero(values != MISSING)  # the pages of slots never set left untouched
-        self._np[set_at] = np.invert(values[set_at])
+        self._nleaves, self._n = 0, 0
+        self._top_mem, self._top = _slots(1)
+        self._leaf_mem, self._leaves = _slots(LEAF)
+        self._size(((max(len(values), 1) - 1) | _LOW) + 1)
+        set_at = np.flatnonzero(values != MISSING)  # leaves made for set slots only
+        self._store(set_at, np.invert(values[set_at]))
         self._sparse = state["_sparse"]
         self._grow_shift = state.get("_grow_shift", GROW_SHIFT)
 
     def __len__(self) -> int:
-        dense, n = self._dense, len(self._dense)
-        shadowed = sum(1 for k in self._sparse if k < n and dense[k])  # moved into the array
-        return int(np.count_nonzero(self._np)) + len(self._sparse) - shadowed
+        n = self._n
+        shadowed = sum(1 for k in self._sparse if k < n and self._slot(k))  # moved into the array
+        return int(np.count_nonzero(self._leaves_np)) + len(self._sparse) - shadowed
+
+    def _slot(self, k: int) -> int:
+        """Key k's slot (0 <= k < `_n`): ~value, 0 where never set."""
+        return self._leaves[(self._top[k >> LEAF_SHIFT] << LEAF_SHIFT) | (k & _LOW)]
+
+    def _store(self, arr: np.ndarray, slots) -> None:
+        """Slots of keys 0 <= k < `_n` (an int64 array) set, leaves made for the ranges without
+        one in the order their first key comes (what the C `map_set` does key by key)."""
+        hi = arr >> LEAF_SHIFT
+        made = self._top_np[hi]
+        new = hi[made == 0]
+        if new.size:
+            ranges, first = np.unique(new, return_index=True)
+            ranges = ranges[np.argsort(first, kind="stable")]
+            self._top_np[ranges] = np.arange(self._nleaves + 1, self._nleaves + 1 + ranges.size, dtype=np.int32)
+            self._nleaves += int(ranges.size)
+            made = self._top_np[hi]
+        self._leaves_np[(made.astype(np.int64) << LEAF_SHIFT) | (arr & _LOW)] = slots
 
     @staticmethod
     def keys_array(keys: Iterable[int] | np.ndarray) -> np.ndarray:
@@ -123,7 +182,7 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
     def _reach(self) -> int:
         """Keys below this may go to the array: it grows by doubling, as a hash_ids trace's keys
         climb, but a stray small digest of a token trace does not make it allocate ahead."""
-        return min(DENSE_LIMIT, 8 * len(self._dense) + (1 << 20))
+        return min(DENSE_LIMIT, 8 * self._n + (1 << 20))
 
     def _grow(self, top: int) -> None:
         """Room up to key `top` and an eighth more (in whole 4096-slot pages), and, while the
@@ -139,39 +198,37 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         same keys, each grow a copy of its array (realloc) and a fill, and 16 maps grown by an
         eighth were ~560 grows and ~0.1 s of a --dp 8 conversation replay (issue 41), against
         ~10 a map by half; a map holds at most twice its top key below DOUBLE_SLOTS, half again
-        above. The array is a mapping now (session 36): a grow is mremap, which moves the pages
-        and copies none, its new slots the kernel's zero pages (MISSING), written by nothing;
-        the sizes are kept as they were (the doubling no longer saves a copy, only mremap calls),
-        so the array holds the same keys as before."""
-        size = max(((top + (top >> self._grow_shift)) | 4095) + 1, min(2 * len(self._dense), DOUBLE_SLOTS))
-        del self._np  # a mapping with a view exporting it cannot be resized
-        self._dense.release()
-        self._mem = _resized(self._mem, _SLOT_BYTES * size)
-        self._dense = memoryview(self._mem).cast("i")
-        self._np = np.frombuffer(self._dense, dtype=np.int32)
+        above. The array is mappings now (session 36; two-level, session 37): a grow is mremap,
+        which moves the pages and copies none, its new entries the kernel's zero pages (no leaf,
+        MISSING), written by nothing; the sizes are kept as they were (the doubling no longer
+        saves a copy, only mremap calls), so the array holds the same keys as before."""
+        self._size(max(((top + (top >> self._grow_shift)) | 4095) + 1, min(2 * self._n, DOUBLE_SLOTS)))
 
     def _set_many_py(self, keys, value: int, *, outputs_last: bool = False) -> None:
         """Map every key to `value` (0 <= value < 2**31). `outputs_last`: the caller vouches that
         negative keys, if any, come after every other (a tree node's keys: a request's input
         pages, then its output pages), so the last key alone says whether there are any. The
         reference and the fallback of `_set_many_c` (MapCore's; tests/engine/test_cplane.py checks they
-        agree)."""
+        agree: the same leaves made in the same order)."""
         if not 0 <= value <= _MAX_VALUE:
             raise OverflowError(f"page map value {value} outside [0, 2**31)")
         slot = ~value  # what a slot holds (module doc); the dict holds values as they are
         if len(keys) <= SMALL_CALL and not isinstance(keys, np.ndarray):
-            dense, reach = self._dense, self._reach()
+            reach = self._reach()
             for k in keys:
                 if k < 0:
                     continue  # an output page
-                if k < len(dense):
-                    dense[k] = slot
-                elif k < reach:
+                if k >= self._n:
+                    if k >= reach:
+                        self._sparse[k] = value
+                        continue
                     self._grow(k)
-                    dense = self._dense
-                    dense[k] = slot
-                else:
-                    self._sparse[k] = value
+                top, hi = self._top, k >> LEAF_SHIFT
+                leaf = top[hi]
+                if not leaf:
+                    self._nleaves = leaf = self._nleaves + 1
+                    top[hi] = leaf
+                self._leaves[(leaf << LEAF_SHIFT) | (k & _LOW)] = slot
             return
         arr = self.keys_array(keys)
         if not arr.size:
@@ -180,19 +237,16 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
             arr = arr[arr >= 0]  # output pages
             if not arr.size:
                 return
-        else:
-            try:  # every key inside the array already (the common case): one store
-                self._np[arr] = slot
-                return
-            except IndexError:  # numpy checks every key before it stores one
-                pass
+        elif arr.max() < self._n:  # every key inside the array already (the common case)
+            self._store(arr, slot)
+            return
         inside = arr < self._reach()
         part = arr if inside.all() else arr[inside]
         if part.size:
             top = int(part.max())
-            if top >= len(self._dense):
+            if top >= self._n:
                 self._grow(top)
-            self._np[part] = slot
+            self._store(part, slot)
         if part is not arr:
             self._sparse.update(dict.fromkeys(arr[~inside].tolist(), value))
 
@@ -203,11 +257,16 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
 
     def get_list(self, keys: list[int]) -> list[int]:
         """The values of a few keys, MISSING for keys never set (a Python loop: for small calls)."""
-        dense, n, sparse = self._dense, len(self._dense), self._sparse
-        out = [~dense[k] if 0 <= k < n else MISSING for k in keys]
+        top, leaves, n, sparse = self._top, self._leaves, self._n, self._sparse
+        out = [~leaves[(top[k >> LEAF_SHIFT] << LEAF_SHIFT) | (k & _LOW)] if 0 <= k < n else MISSING for k in keys]
         if sparse:
             out = [sparse.get(k, MISSING) if v == MISSING else v for k, v in zip(keys, out)]
         return out
+
+    def _gather(self, arr: np.ndarray) -> np.ndarray:
+        """The slots of keys 0 <= k (int64), IndexError where one is past the array."""
+        made = self._top_np.take(arr >> LEAF_SHIFT)
+        return self._leaves_np.take((made.astype(np.int64) << LEAF_SHIFT) | (arr & _LOW))
 
     def get_many(self, keys, *, inputs: bool = False) -> np.ndarray:
         """Values of the keys (int32 or int64), MISSING for keys never set. The array is asked
@@ -218,13 +277,13 @@ class PageMap(_MapCore or _PyMap):  # type: ignore[misc]
         out = None
         if arr.size and (inputs or arr.min() >= 0):
             try:  # every key inside the array (the common case): one gather
-                out = np.invert(self._np.take(arr))
+                out = np.invert(self._gather(arr))
             except IndexError:  # a key past the array's end: the masked path below
                 out = None
         if out is None:
-            inside = (arr < len(self._dense)) & (arr >= 0)
+            inside = (arr < self._n) & (arr >= 0)
             out = np.full(arr.size, MISSING, dtype=np.int64)
-            out[inside] = np.invert(self._np[arr[inside]])
+            out[inside] = np.invert(self._gather(arr[inside]))
         if self._sparse and arr.size:
             ask = np.flatnonzero((out == MISSING) & (arr >= 0))
             if ask.size:
@@ -241,10 +300,11 @@ SMALL_BLAME = 48
 
 
 def blame_c(cached: PageMap, demoted: PageMap, keys, lost: dict[int, int] | None, ps: int) -> int:
-    """`blame_py` by the compiled data plane (_cplane.blame) when both maps are arrays only; what
-    it declines (a map with a dict part, a negative key, odd types) takes the Python path."""
+    """`blame_py` by the compiled data plane (_cplane.blame, on the maps' arrays) when both maps
+    are arrays only; what it declines (a map with a dict part, a negative key, odd types) takes
+    the Python path."""
     if not cached._sparse and not demoted._sparse:
-        found = _c_blame(cached._dense, demoted._dense, keys, lost, ps)
+        found = _c_blame(cached, demoted, keys, lost, ps)
         if found >= 0:
             return found
     return blame_py(cached, demoted, keys, lost, ps)

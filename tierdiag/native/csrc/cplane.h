@@ -78,8 +78,10 @@
  * 29: BatchPages replaces PageKeySet (a prefill batch's shared pages from its members' key chains,
  *     a compare or two a member, no hash set of their keys; session 36, h46miss).
  * 30: a page map's slot holds ~value (0 = MISSING, pages never set left untouched): map_set and
- *     MapCore store it, blame reads it (session 36, h46maps). */
-#define CPLANE_API 30
+ *     MapCore store it, blame reads it (session 36, h46maps).
+ * 31: a page map's array is two-level (MapCore's `_top`, `_leaves`, `_nleaves`: leaves made on a
+ *     key's first set); map_set and blame take the maps, not their arrays (session 37, h47faults). */
+#define CPLANE_API 31
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
