@@ -391,14 +391,8 @@ class WriterProcess:
         except OSError:
             pass  # the writer is gone already
         self._proc = None
-        for stream in (proc.stdin, proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        if not exits_within(proc, STOP_WAIT_S):
-            proc.kill()
-        proc.wait()
+        _close_pipes(proc)
+        self._reap(proc, STOP_WAIT_S)
 
     def close(self, *, wait: bool = True) -> None:
         """End the pipe and reap the process (it exits once it has read to the end); kill it
@@ -411,11 +405,7 @@ class WriterProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        for stream in (proc.stdin, proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        _close_pipes(proc)
         if not wait and self.closed_as is not None and self._dead is None:
             import atexit
 
@@ -424,8 +414,8 @@ class WriterProcess:
         self._reap(proc)
 
     @staticmethod
-    def _reap(proc: subprocess.Popen) -> None:
-        if not exits_within(proc, REAP_WAIT_S):
+    def _reap(proc: subprocess.Popen, wait_s: float = REAP_WAIT_S) -> None:
+        if not exits_within(proc, wait_s):
             proc.kill()
         proc.wait()
 
@@ -493,6 +483,15 @@ class WriterProcess:
                 how = f"exited with status {code}"
         where = self.db_path if self.db_path is not None else "the store"
         self._dead = StoreError(f"the writer process of {where} (pid {self.pid}) {how} before the run was closed")
+
+
+def _close_pipes(proc: subprocess.Popen) -> None:
+    """End the request pipe (the writer reads to its end) and let the replies' go."""
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
 
 
 class _Died(Exception):
