@@ -414,8 +414,9 @@ class WriterProcess:
         self._reap(proc)
 
     @staticmethod
-    def _reap(proc: subprocess.Popen, wait_s: float = REAP_WAIT_S) -> None:
-        if not exits_within(proc, wait_s):
+    def _reap(proc: subprocess.Popen, wait_s: float | None = None) -> None:
+        """Wait for `proc` to exit (REAP_WAIT_S unless told), killing it past that."""
+        if not exits_within(proc, REAP_WAIT_S if wait_s is None else wait_s):
             proc.kill()
         proc.wait()
 
