@@ -42,3 +42,53 @@ def test_a_second_stop_while_the_first_is_on_its_way_out_is_ignored():
         signals.interrupt(signal.SIGINT)
     signals.interrupt(signal.SIGTERM)  # returns: the first is already raised
     assert signals.received() == signal.SIGINT
+
+
+# A second signal once an interrupted run's status is committed (`second_stops`; issue 41,
+# session 37 h47sig): it ends the close there; anywhere else it is dropped, as before.
+
+def test_a_second_stop_inside_second_stops_raises_at_once_even_in_a_deferred_block():
+    with pytest.raises(signals.Interrupted):
+        signals.interrupt(signal.SIGTERM)
+    with pytest.raises(signals.StoppedAgain) as caught:
+        with signals.deferred(reraise=False):
+            with signals.second_stops():
+                signals.interrupt(signal.SIGINT)
+            raise AssertionError("not reached: the second stop raised")
+    assert caught.value.signum == signal.SIGINT
+    assert signals.received() == signal.SIGTERM  # the exit code stays the first's
+    assert signals.pending() is None
+
+
+def test_second_stops_does_not_turn_a_first_signal_into_a_second():
+    with pytest.raises(signals.Interrupted) as caught:
+        with signals.second_stops():
+            signals.interrupt(signal.SIGINT)
+    assert not isinstance(caught.value, signals.StoppedAgain)
+
+
+@settings(max_examples=80, deadline=None)
+@given(events=st.lists(st.tuples(st.sampled_from([signal.SIGINT, signal.SIGTERM]), st.booleans()),
+                       min_size=1, max_size=8))
+def test_only_a_signal_after_the_first_and_inside_second_stops_raises_stopped_again(events):
+    """Any sequence of signals, each landing inside or outside `second_stops`, all inside an
+    interrupted close (a deferred block that drops what it held): StoppedAgain exactly for the
+    first one that lands after the first signal inside the window; the others are recorded or
+    dropped; `received()` is always the first."""
+    signals.reset()
+    first = events[0][0]
+    stopped = None
+    with signals.deferred(reraise=False):
+        for i, (signum, armed) in enumerate(events):
+            try:
+                if armed:
+                    with signals.second_stops():
+                        signals.interrupt(signum)
+                else:
+                    signals.interrupt(signum)
+            except signals.StoppedAgain as exc:
+                stopped = (i, exc.signum)
+                break
+    expected = next(((i, s) for i, (s, armed) in enumerate(events) if i > 0 and armed), None)
+    assert stopped == expected
+    assert signals.received() == first

@@ -33,7 +33,11 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-_state = {"depth": 0, "pending": None, "first": None, "closing": 0, "raised": False}
+class StoppedAgain(Interrupted):
+    """A second SIGINT/SIGTERM inside `second_stops()`: what the close had left to do is given up."""
+
+
+_state = {"depth": 0, "pending": None, "first": None, "closing": 0, "raised": False, "second": 0}
 _REDELIVER_S = 0.02
 
 
@@ -70,6 +74,12 @@ def _handler(signum, frame) -> None:
         if _start(timer):
             return
         # no new thread at interpreter shutdown: the signal is raised here, as before
+    if _state["second"] and _state["first"] is not None:
+        # A second one where the caller allows it (`second_stops`), deferred block or not: the
+        # exit code stays the first's (`received`).
+        _state["pending"] = None
+        _state["raised"] = True
+        raise StoppedAgain(signum)
     if _state["first"] is None:
         _state["first"] = signum
     if _state["depth"] > 0:
@@ -130,6 +140,20 @@ def deferred(*, reraise: bool = True) -> Iterator[None]:
                 raise Interrupted(signum)
 
 
+@contextlib.contextmanager
+def second_stops() -> Iterator[None]:
+    """Within the block, a signal that comes after a first one (`received()` set) raises
+    StoppedAgain at once, even inside a deferred block: for the part of an interrupted run's close
+    after its rows and status are committed (a writer process computing the evidence), so that a
+    second Ctrl-C, `docker stop` or `timeout -k` ends the command there, not only a SIGKILL.
+    Everywhere else a second signal is dropped, as before: the close goes on."""
+    _state["second"] += 1
+    try:
+        yield
+    finally:
+        _state["second"] -= 1
+
+
 def checkpoint() -> None:
     """Raise a signal recorded in a deferred block now: the caller is at a point where stopping
     leaves nothing half-written (waiting for a lock, before a transaction). Not while closing a run
@@ -150,4 +174,4 @@ def ignore() -> None:
 
 def reset() -> None:
     """Forget every signal seen (tests that run several interrupted replays in one process)."""
-    _state.update(depth=0, pending=None, first=None, closing=0, raised=False)
+    _state.update(depth=0, pending=None, first=None, closing=0, raised=False, second=0)

@@ -105,3 +105,38 @@ def test_a_writer_behind_the_engine_makes_its_hand_overs_wait_on_the_pipe():
     assert inbox.get(timeout=10) is EOF  # a frame (under PIPE_BUF) is written whole or not at all
     reader.join(timeout=10)
     os.close(r)
+
+
+@settings(max_examples=40, deadline=None)
+@given(script=st.lists(st.one_of(st.just(None), st.binary(min_size=0, max_size=300)), max_size=30))
+def test_a_stop_on_the_pipe_calls_stop_and_is_never_queued(script):
+    """The engine's STOP (frames.send_stop, a frame of no body) among any frames, empty payloads
+    included: the reader thread calls `stop()` once for each, in its place, and hands every other
+    frame to the inbox unchanged and in order (issue 41, session 37 h47sig)."""
+    from tierdiag.store.frames import loads, send_stop
+
+    r, w = os.pipe()
+    inbox = writer_serve.Inbox(1 << 20)
+    seen: list = []
+    reader = threading.Thread(target=writer_serve._read_requests,
+                              args=(r, inbox, lambda: seen.append(("stop", inbox.held()))), daemon=True)
+    reader.start()
+    expected = []
+    for item in script:
+        if item is None:
+            send_stop(w)
+            expected.append("stop")
+        else:
+            send_frame(w, ("rows", item))
+            expected.append(("rows", item))
+    os.close(w)
+    got = []
+    while True:
+        body = inbox.get(timeout=10)
+        if body is EOF:
+            break
+        got.append(loads(body))
+    reader.join(timeout=10)
+    os.close(r)
+    assert got == [e for e in expected if e != "stop"]
+    assert len(seen) == expected.count("stop")

@@ -145,13 +145,16 @@ class ReplayInterrupted(KeyboardInterrupt):
     """Ctrl-C (or SIGTERM) during a replay, after the run was closed as interrupted."""
 
     def __init__(self, run_id: str | None, db_path: str | None, num_requests: int,
-                 write_problem: TierdiagError | None = None, status: str = "interrupted"):
+                 write_problem: TierdiagError | None = None, status: str = "interrupted",
+                 stopped_again: bool = False):
         super().__init__(run_id)
         self.run_id = run_id
         self.db_path = db_path
         self.num_requests = num_requests  # request rows in the file
         self.write_problem = write_problem  # why what was recorded could not all be kept
         self.status = status  # what the run was closed as
+        # a second signal stopped the close once the rows and status were committed: no evidence
+        self.stopped_again = stopped_again
 
 
 def _first_line(exc: BaseException) -> str:
@@ -436,11 +439,17 @@ def _on_failure(exc: BaseException, recording, db: Path | None, recorded: Callab
     if isinstance(exc, KeyboardInterrupt) or signals.received() is not None:
         problem = None
         if writer is not None and not _closed(writer):
-            with signals.deferred(reraise=False):  # a second Ctrl-C does not cut the close short
-                problem = recording.close("interrupted", None)
+            # A second Ctrl-C does not cut the close short, except once a writer process has
+            # committed the rows and the status (WriterProcess: StoppedAgain, the evidence given up).
+            try:
+                with signals.deferred(reraise=False):
+                    problem = recording.close("interrupted", None)
+            except signals.StoppedAgain:
+                pass
         kept = writer is not None and writer.has_run  # a writer process may have refused the store
         raise ReplayInterrupted(writer.run_id if kept else None, str(db) if kept else None, recorded(),
-                                problem, (writer.closed_as or "running") if kept else "interrupted") from exc
+                                problem, (writer.closed_as or "running") if kept else "interrupted",
+                                stopped_again=kept and getattr(writer, "stopped_again", False)) from exc
     if writer is None:
         return
     if isinstance(exc, TierdiagError):

@@ -222,8 +222,13 @@ def _interrupted_line(exc) -> str:
         return f"interrupted; {exc.write_problem.one_line()}"
     if exc.run_id:
         n = exc.num_requests
-        return (f"interrupted; run {exc.run_id} kept in {exc.db_path} as {exc.status}, "
+        line = (f"interrupted; run {exc.run_id} kept in {exc.db_path} as {exc.status}, "
                 f"{n:,} request{'' if n == 1 else 's'} recorded")
+        if getattr(exc, "stopped_again", False):
+            # A second signal once the rows and status were committed (WriterProcess).
+            line = line.replace("interrupted; ", "interrupted, then stopped again; ", 1)
+            line += "; its evidence was not stored (readers compute it from the rows)"
+        return line
     return "interrupted (nothing was being recorded)"
 
 

@@ -137,6 +137,17 @@ def read_raw(fd: int) -> bytes | None:
     return None if head is None else read_exact(fd, _HEADER.unpack(head)[0])
 
 
+# The engine's "stop now" (`send_stop`): a frame of no body, which no pickle is. The writer's reader
+# thread acts on it itself (writer_serve.py `_read_requests`), not its busy main thread: a second
+# SIGINT/SIGTERM once an interrupted run's status is committed (issue 41, session 37 h47sig).
+STOP = b""
+
+
+def send_stop(fd: int) -> None:
+    """Send STOP on `fd`."""
+    _write_all(fd, memoryview(_HEADER.pack(0)))
+
+
 class _Eof:
     def __repr__(self) -> str:
         return "EOF"

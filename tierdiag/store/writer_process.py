@@ -46,7 +46,7 @@ from typing import Any, Mapping
 
 from tierdiag import signals
 from tierdiag.errors import ConfigError, StoreError
-from tierdiag.store.frames import EOF, out_of_band, read_frame, send_frame  # noqa: F401 - EOF: the engine's side reads it too
+from tierdiag.store.frames import EOF, out_of_band, read_frame, send_frame, send_stop  # noqa: F401 - EOF: the engine's side reads it too
 from tierdiag.store.schema import new_run_id  # noqa: F401 - the engine's process names its run by it
 
 ENV = "TIERDIAG_WRITER"
@@ -143,6 +143,10 @@ PIPE_BYTES = 1 << 20  # the request pipe's buffer (Linux caps it at /proc/sys/fs
 INBOX_BYTES = 64 << 20
 SPARE_CORE_LOAD = 1.5  # auto: a writer process when the other runnable work is at most CPUs - this
 REAP_WAIT_S = 60.0  # how long the engine's process waits for the writer to exit after the close
+# After a STOP (a second signal once an interrupted run's status is committed), how long the
+# engine's process waits for the writer to leave before it kills it: the writer leaves at once
+# from its reader thread, or, past the evidence, once its answer and the file's let-go are done.
+STOP_WAIT_S = 5.0
 
 
 def exits_within(proc: subprocess.Popen, timeout_s: float) -> bool:
@@ -241,6 +245,10 @@ class WriterProcess:
         self.has_run = False
         self.numbers: dict | None = None
         self.numbers_error: BaseException | None = None
+        # An interrupted close: its status committed (the writer's "status_committed"), and
+        # whether a second signal then stopped the close before its evidence was stored.
+        self.committed_as: str | None = None
+        self.stopped_again = False
         self._open_error: BaseException | None = None
         self._dead: StoreError | None = None
         self._proc: subprocess.Popen | None = None
@@ -332,8 +340,7 @@ class WriterProcess:
                 try:
                     self._send(("finish", {"status": status, "error": error, "write_pending": write_pending,
                                            "trace_sha256": trace_sha256}))
-                    while self.closed_as is None and self._dead is None and self._open_error is None:
-                        self._take_reply(read_frame(self._in))
+                    self._wait_finished()
                 except _Died:
                     pass
                 if self._dead is None:
@@ -348,6 +355,45 @@ class WriterProcess:
                 self.recorded = n
                 self.closed_as = status
 
+    def _answered(self) -> bool:
+        return self.closed_as is not None or self._dead is not None or self._open_error is not None
+
+    def _wait_finished(self) -> None:
+        """Read the writer's answers to `finish` until it has closed the run. Once it says an
+        interrupted run's status is committed, a second SIGINT/SIGTERM stops the close there
+        (signals.second_stops): the writer is told to leave (STOP) and reaped, the run stays
+        interrupted with its rows, its evidence not stored; StoppedAgain goes on up."""
+        while not self._answered():
+            if self.committed_as is None:
+                self._take_reply(read_frame(self._in))
+                continue
+            try:
+                with signals.second_stops():
+                    while not self._answered():
+                        self._take_reply(read_frame(self._in))
+            except signals.StoppedAgain:
+                self._stop_after_commit()
+                raise
+            return
+
+    def _stop_after_commit(self) -> None:
+        """A second signal after the status was committed: STOP the writer, reap it (killed past
+        STOP_WAIT_S), and keep the run as committed. Where the writer had answered already, its
+        answer stands (the evidence was stored)."""
+        proc = self._proc
+        if self.closed_as is None:
+            self.closed_as = self.committed_as
+            self.stopped_again = True
+        if proc is None:
+            return
+        try:
+            send_stop(self._out)
+        except OSError:
+            pass  # the writer is gone already
+        self._proc = None
+        _close_pipes(proc)
+        self._reap(proc, STOP_WAIT_S)
+
     def close(self, *, wait: bool = True) -> None:
         """End the pipe and reap the process (it exits once it has read to the end); kill it
         only if it is still there after REAP_WAIT_S (a reader holding the file all that time).
@@ -359,11 +405,7 @@ class WriterProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        for stream in (proc.stdin, proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        _close_pipes(proc)
         if not wait and self.closed_as is not None and self._dead is None:
             import atexit
 
@@ -372,8 +414,9 @@ class WriterProcess:
         self._reap(proc)
 
     @staticmethod
-    def _reap(proc: subprocess.Popen) -> None:
-        if not exits_within(proc, REAP_WAIT_S):
+    def _reap(proc: subprocess.Popen, wait_s: float | None = None) -> None:
+        """Wait for `proc` to exit (REAP_WAIT_S unless told), killing it past that."""
+        if not exits_within(proc, REAP_WAIT_S if wait_s is None else wait_s):
             proc.kill()
         proc.wait()
 
@@ -412,6 +455,9 @@ class WriterProcess:
             raise arg
         elif kind == "error":
             raise arg
+        elif kind == "status_committed":
+            self.recorded = arg["recorded"]
+            self.committed_as = arg["status"]
         elif kind == "finished":
             self.recorded = arg["recorded"]
             self.closed_as = arg["closed_as"]
@@ -438,6 +484,15 @@ class WriterProcess:
                 how = f"exited with status {code}"
         where = self.db_path if self.db_path is not None else "the store"
         self._dead = StoreError(f"the writer process of {where} (pid {self.pid}) {how} before the run was closed")
+
+
+def _close_pipes(proc: subprocess.Popen) -> None:
+    """End the request pipe (the writer reads to its end) and let the replies' go."""
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            stream.close()
+        except OSError:
+            pass
 
 
 class _Died(Exception):

@@ -13,7 +13,7 @@ import threading
 import time
 
 from tierdiag import signals
-from tierdiag.store.frames import EOF, loads, portable, read_raw, send_frame
+from tierdiag.store.frames import EOF, STOP, loads, portable, read_raw, send_frame
 from tierdiag.store import writer_process
 from tierdiag.store.writer_process import (FIRST_WRITE_S, INBOX_BYTES, SMALL_PENDING_ROWS, VACUUM_EVERY,
                                            VACUUM_MOST_WRITES, VACUUM_ROWS, STRETCH_MOST_S, WRITE_COST_SHARE,
@@ -53,9 +53,9 @@ def main(after_commit=None, preload: tuple[str, ...] = (), while_recording=None)
     # sooner than the default 5 ms, so that the engine never waits on a full pipe for long.
     sys.setswitchinterval(0.001)
     inbox = Inbox(INBOX_BYTES)
-    threading.Thread(target=_read_requests, args=(0, inbox), name="requests", daemon=True).start()
     serve = _Serve(inbox, reply_fd, after_commit=after_commit, preload=preload, while_recording=while_recording,
                    opened=_settle)
+    threading.Thread(target=_read_requests, args=(0, inbox, serve.stop), name="requests", daemon=True).start()
     code = 0
     try:
         serve.run()
@@ -81,12 +81,18 @@ def _settle() -> None:
     gc.enable()
 
 
-def _read_requests(fd: int, inbox) -> None:
+def _read_requests(fd: int, inbox, stop=None) -> None:
     """The reader thread: each frame's bytes into the inbox as they come, EOF at the pipe's end.
     A full inbox (`Inbox.put`) holds this thread, so the pipe fills and the engine's next
-    hand-over waits: a writer behind the engine holds at most INBOX_BYTES of requests."""
+    hand-over waits: a writer behind the engine holds at most INBOX_BYTES of requests. STOP is
+    not queued: `stop()` is called here (`_Serve.stop`: it ends the process where the close
+    allows it, else the STOP is dropped)."""
     while True:
         body = read_raw(fd)
+        if body == STOP:
+            if stop is not None:
+                stop()
+            continue
         inbox.put(EOF if body is None else body)
         if body is None:
             return
@@ -285,6 +291,10 @@ class _Serve:
         self.taken = 0
         self.taken_at_write = 0
         self.rows_pending = 0  # of every table, taken since the last write (`interval`)
+        # An interrupted run's status is committed and its evidence is being computed: a STOP
+        # from the engine (a second signal) ends the process now (`stop`).
+        self.stoppable = False
+        self._stop_lock = threading.Lock()
 
     def reply(self, msg) -> bool:
         try:
@@ -487,15 +497,21 @@ class _Serve:
                 self.on_rows(None)
             except Exception as exc:  # noqa: BLE001 - said once; the close computes it all as before
                 self._unprepared(exc)
+        after_commit = self.after_commit
+        if arg["status"] == "interrupted":
+            after_commit = self._stoppable_after(after_commit)
         try:
             # The in-memory connection is left to the process's exit (os._exit, after the answer).
             # The file left attached once all is committed: its checkpoint comes after the answer.
             self.writer.finish(arg["status"], error=arg["error"], write_pending=arg["write_pending"],
-                               trace_sha256=arg["trace_sha256"], release=False, after_commit=self.after_commit,
+                               trace_sha256=arg["trace_sha256"], release=False, after_commit=after_commit,
                                let_go_later=True)
         except Exception as exc:  # noqa: BLE001
             self.fail(exc)
             return False
+        finally:
+            with self._stop_lock:  # from here a STOP waits for the answer and the let-go
+                self.stoppable = False
         numbers = numbers_error = None
         if self.writer.closed_as == "complete":  # read back by the close, on its connection
             numbers = self.writer.numbers
@@ -505,6 +521,32 @@ class _Serve:
                                  "numbers": numbers, "numbers_error": numbers_error}))
         self.let_go()
         return True
+
+    def _stoppable_after(self, after_commit):
+        """`after_commit` for an interrupted run's close: once the rows and the status are
+        committed, say so to the engine ("status_committed") and allow a STOP meanwhile: the
+        evidence that comes next (one transaction of its own) is the only thing a STOP gives up."""
+        def hook(con, db_path, run_id, status):
+            with self._stop_lock:
+                self.stoppable = True
+            self.reply(("status_committed", {"status": status, "recorded": self.writer.recorded}))
+            return None if after_commit is None else after_commit(con, db_path, run_id, status)
+
+        return hook
+
+    def stop(self) -> None:
+        """The engine's STOP (the reader thread's: this one's main thread is busy in the close):
+        a second SIGINT/SIGTERM after an interrupted run's status was committed. While `stoppable`,
+        the process leaves at once (os._exit: the evidence's transaction, if begun, never
+        commits; what was committed is in the file or DuckDB's log, which the next open replays),
+        its spill folder removed; otherwise it is dropped (the close goes on as it was)."""
+        with self._stop_lock:
+            if not self.stoppable:
+                return
+            if self.writer is not None:
+                self.writer.remove_spill()
+            sys.stderr.flush()
+            os._exit(0)
 
     def let_go(self) -> None:
         """After the answer: the file's checkpoint and detach (~20 ms of the conversation trace's

@@ -1,0 +1,155 @@
+"""A second SIGINT/SIGTERM during an interrupted replay's close (issue 41, session 37 h47sig).
+
+The close of a long interrupted run (its evidence: 18-146 s at 1M requests) used to ignore every
+later signal, so `docker stop` or `timeout -k` killed it meanwhile. Now, with a writer process, a
+second signal that comes once the run's rows and its `interrupted` status are committed ends the
+command at once: one line, the first signal's exit code, the run kept as interrupted without its
+evidence (readers compute it from the rows), no process or temporary file left, the store
+usable by the next replay. One that comes before that point is ignored as before: nothing
+recorded is lost.
+
+The writer process's close is held still where each case needs it (a test prelude in its entry,
+as harness.on_request_flush's), so that the moment is known, not guessed from a clock.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from harness import Result, cli_env, good_lines, sql, synth_and_store, tierdiag_in_process, wait_for_recorded_rows, write_trace
+from test_signals import CODE, ENGINE, listed_runs
+from test_writer_process import MARK, assert_no_process_left
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
+
+CLI = "from tierdiag.cli.main import main; main()"
+
+# In the writer process: the interrupted run's evidence held up (after its status is committed).
+AFTER_COMMIT = """
+import time
+from tierdiag.diagnose.run import close as _close
+_real = _close.after_commit
+def _held(con, db_path, run_id, status):
+    if status == "interrupted":
+        open({marker!r}, "w").close()
+        time.sleep(120)
+    return _real(con, db_path, run_id, status)
+_close.after_commit = _held
+"""
+
+# In the writer process: the close held up before its status is written (its last rows committed).
+BEFORE_STATUS = """
+import time
+from tierdiag.store.writer import RunWriter as _W
+_real = _W._lift_memory
+def _held(self):
+    open({marker!r}, "w").close()
+    time.sleep(2.0)
+    return _real(self)
+_W._lift_memory = _held
+"""
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    out = synth_and_store(tmp_path_factory.mktemp("second"), seed=11, long=40000)
+    (out["earlier"],) = listed_runs(out["store"])
+    return out
+
+
+def _start(tmp_path: Path, trace: Path, db: Path, mark: str, writer_prelude: str) -> subprocess.Popen:
+    """The CLI's replay with a writer process whose entry runs `writer_prelude` first."""
+    engine_prelude = ("from tierdiag.app import writer_child as _wc\n"
+                      f"_wc.ENTRY = {writer_prelude!r} + '\\n' + _wc.ENTRY\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = cli_env(TIERDIAG_FLUSH_EVERY_S="0.5", TIERDIAG_WRITER="process", TMPDIR=str(tmp), **{MARK: mark})
+    return subprocess.Popen([sys.executable, "-c", engine_prelude + CLI, "replay", str(trace), "--db", str(db), *ENGINE],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the writer's close never reached the held point"
+        time.sleep(0.02)
+
+
+def _first_signal(tmp_path: Path, traces, sig: int, prelude: str):
+    db = tmp_path / "r.duckdb"
+    shutil.copy(traces["store"], db)
+    mark = uuid.uuid4().hex
+    marker = tmp_path / "held"
+    proc = _start(tmp_path, traces["long"], db, mark, prelude.format(marker=str(marker)))
+    wait_for_recorded_rows(proc, db, runs_before=1)
+    os.kill(proc.pid, sig)
+    _wait_for(marker, proc)
+    return db, mark, proc
+
+
+def _the_run(db: Path, earlier: dict) -> dict:
+    listed = listed_runs(db)
+    assert listed[0] == earlier, "an earlier run changed"
+    (run,) = listed[1:]
+    n, distinct = sql(db, "SELECT count(*), count(DISTINCT seq) FROM requests WHERE run_id = ?", [run["run_id"]])[0]
+    assert n == distinct == run["num_requests"] > 0
+    return run
+
+
+@pytest.mark.parametrize("first, second", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGTERM),
+                                           (signal.SIGTERM, signal.SIGINT)])
+def test_a_second_signal_once_the_status_is_committed_ends_the_close(tmp_path, traces, first, second):
+    db, mark, proc = _first_signal(tmp_path, traces, first, AFTER_COMMIT)
+    # The writer is in the evidence (held for 120 s): the status is committed. The engine
+    # reads the writer's "status_committed" a moment after: signals until it stops.
+    deadline = time.monotonic() + 90
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, "a second signal after the status commit did not end the replay"
+        os.kill(proc.pid, second)
+        try:
+            proc.wait(timeout=0.3)
+        except subprocess.TimeoutExpired:
+            pass
+    out, err = proc.communicate(timeout=30)
+    line = Result(proc.returncode, out, err).fails(CODE[first], "interrupted, then stopped again", "as interrupted",
+                                                  "evidence was not stored")
+    assert_no_process_left(mark)
+    assert list((tmp_path / "tmp").iterdir()) == []  # no spill folder, no temporary file
+    run = _the_run(db, traces["earlier"])
+    assert run["status"] == "interrupted" and f"{run['num_requests']:,} request" in line
+    assert sql(db, "SELECT count(*) FROM run_evidence WHERE run_id = ?", [run["run_id"]]) == [(0,)]
+    # Readers work on it (computing what the evidence would have held), and the store takes
+    # the next replay (DuckDB's log of the status commit replayed by its next open).
+    for command in ("summary", "slow"):
+        r = tierdiag_in_process(command, "--db", db, "--run", run["run_id"])
+        assert r.code == 0, r.err
+    assert tierdiag_in_process("replay", write_trace(tmp_path / "next.jsonl", good_lines(3)), "--db", db,
+                               "--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096").code == 0
+    assert [r["status"] for r in listed_runs(db)] == ["complete", "interrupted", "complete"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_before_the_status_is_committed_is_ignored(tmp_path, traces, sig):
+    db, mark, proc = _first_signal(tmp_path, traces, sig, BEFORE_STATUS)
+    for _ in range(3):  # while the close writes its last rows (held 2 s)
+        if proc.poll() is not None:
+            break
+        os.kill(proc.pid, sig)
+        time.sleep(0.2)
+    out, err = proc.communicate(timeout=180)
+    line = Result(proc.returncode, out, err).fails(CODE[sig], "interrupted; run", "as interrupted")
+    assert "stopped again" not in line
+    assert_no_process_left(mark)
+    run = _the_run(db, traces["earlier"])
+    assert run["status"] == "interrupted"
+    assert sql(db, "SELECT count(*) FROM run_evidence WHERE run_id = ?", [run["run_id"]]) == [(1,)]
