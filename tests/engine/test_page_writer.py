@@ -348,10 +348,16 @@ def test_a_chain_of_appends_failing_midway_keeps_the_jobs_before_and_names_the_f
     # fifth's offset, the rest dropped.
     rows = pool_rows(2, 16, 4, False, 5)
     fd = os.open(tmp_path / "seg", os.O_RDWR | os.O_CREAT, 0o644)
-    writer = cplane.C.PageWriter(1 << 20, 1 << 20)  # only the fence wakes the thread: one chain
+    writer = cplane.C.PageWriter(1 << 20, 1 << 20)  # under 1 MiB queued, only a fence wakes the thread
     old = _fsize_limited(4 * 64 + 32)
     try:
-        for i in range(10):
+        # The thread starts at the first put and finds that job queued without sleeping: a put
+        # made while it still runs would be written at once, and a put after the fifth job's
+        # failure raises it. The first job fenced on its own, the thread is asleep (it lets the
+        # lock go only there once its queue is empty), so the nine after it are one chain.
+        assert writer.put(fd, 0, rows, [0]) == 64
+        assert writer.fence() is None
+        for i in range(1, 10):
             assert writer.put(fd, i * 64, rows, [i]) == 64
         assert writer.fence() == (fd, 4 * 64, errno.EFBIG)
     finally:
