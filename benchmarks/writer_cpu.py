@@ -7,7 +7,8 @@ writer is about as heavy as the engine, beside it on the second vCPU).
 Runs `tierdiag replay TRACE --db FRESH --json` with the writer forced to its own process
 (TIERDIAG_WRITER=process) under probe_timeline.py's launcher, and adds to the writer's hook:
 
-- each thread's CPU: the Python threads (`threading.Thread.run` wrapped: its name, its
+- the process's CPU, its system part and its minor page faults (getrusage at its exit);
+- each thread's CPU, its system part and its minor faults: the Python threads (`threading.Thread.run` wrapped: its name, its
   `time.thread_time()` at its end), the main thread at the exit, and every thread the kernel still
   lists then (/proc/self/task: DuckDB's and the allocator's own threads, by what is left);
 - CPU by part (thread CPU spent inside, summed; nested parts counted in both): the frames'
@@ -91,7 +92,18 @@ _ROLE_IS_WRITER = _ROLE == "writer"
 import threading as _th, collections as _co
 _part_cpu = _co.defaultdict(float)
 _part_n = _co.defaultdict(int)
-_threads = []  # (name, native id, thread CPU at its end)
+_threads = []  # (name, native id, thread CPU at its end, its minor faults, its system CPU)
+import resource as _rs
+def _thread_faults():
+    try:
+        return _rs.getrusage(_rs.RUSAGE_THREAD).ru_minflt
+    except (AttributeError, OSError):
+        return 0
+def _thread_sys():
+    try:
+        return _rs.getrusage(_rs.RUSAGE_THREAD).ru_stime
+    except (AttributeError, OSError):
+        return 0.0
 _tprof_dir = os.environ.get("TL_THREAD_PROF", "")
 if _ROLE_IS_WRITER:
     _orig_run = _th.Thread.run
@@ -105,7 +117,7 @@ if _ROLE_IS_WRITER:
         finally:
             if p is not None:
                 p.disable(); p.dump_stats(os.path.join(_tprof_dir, f"thread-{self.name}-{_th.get_native_id()}.prof"))
-            _threads.append((self.name, _th.get_native_id(), time.thread_time()))
+            _threads.append((self.name, _th.get_native_id(), time.thread_time(), _thread_faults(), _thread_sys()))
     _th.Thread.run = _run
     import pickle as _pk
     _orig_loads = _pk.loads
@@ -185,7 +197,9 @@ _FINDER_OLD = "        if name not in _by_mod:"
 _FINDER_NEW = "        if name not in _by_mod and name not in _cpu_by_mod and name != 'tierdiag.store.writer_serve':"
 _DUMP_OLD = 'json.dump({"marks": _marks, "cpu_s": ru.ru_utime + ru.ru_stime, "maxrss_kb": ru.ru_maxrss}, fh)'
 _DUMP_NEW = ('json.dump({"marks": _marks, "cpu_s": ru.ru_utime + ru.ru_stime, "maxrss_kb": ru.ru_maxrss, '
-             '"main_thread_cpu": time.thread_time(), "main_tid": _th.main_thread().native_id, '
+             '"sys_s": ru.ru_stime, "minflt": ru.ru_minflt, '
+             '"main_thread_cpu": time.thread_time(), "main_thread_faults": _thread_faults(), "main_thread_sys": _thread_sys(), '
+             '"main_tid": _th.main_thread().native_id, '
              '"threads": _threads, "tasks": _tasks(), "parts": dict(_part_cpu), "part_n": dict(_part_n), "inbox": _inbox_stats()}, fh)')
 
 
@@ -230,16 +244,22 @@ def _span(marks, label: str) -> float | None:
 
 def _writer(w: dict) -> dict:
     threads = {"MainThread": w["main_thread_cpu"]}
+    faults = {"MainThread": w.get("main_thread_faults", 0)}
+    system = {"MainThread": w.get("main_thread_sys", 0.0)}
     seen = {w["main_tid"]}
-    for name, tid, cpu in w["threads"]:
+    for name, tid, cpu, *more in w["threads"]:
         threads[name] = threads.get(name, 0.0) + cpu
+        faults[name] = faults.get(name, 0) + (more[0] if more else 0)
+        system[name] = system.get(name, 0.0) + (more[1] if len(more) > 1 else 0.0)
         seen.add(tid)
     other = 0.0
     for tid, (comm, cpu) in w["tasks"].items():
         if int(tid) not in seen:
             other += cpu
     threads["(native threads alive at exit)"] = other
-    return {"cpu_s": w["cpu_s"], "rss_mb": w["maxrss_kb"] / 1024, "threads": threads, "parts": w["parts"],
+    return {"cpu_s": w["cpu_s"], "sys_s": w.get("sys_s"), "minflt": w.get("minflt"), "thread_faults": faults,
+            "thread_sys": system,
+            "rss_mb": w["maxrss_kb"] / 1024, "threads": threads, "parts": w["parts"],
             "part_n": w["part_n"], "close_s": _span(w["marks"], "finish"), "inbox": w.get("inbox") or []}
 
 
@@ -250,8 +270,11 @@ def report(name: str, r: dict) -> None:
     if w is None:
         print(line + " (no writer)")
         return
-    print(line + f", writer {w['cpu_s']:.2f} s, writer peak {w['rss_mb']:.0f} MB, close {w['close_s'] or 0:.2f} s")
-    print("   threads: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(w["threads"].items(), key=lambda kv: -kv[1])))
+    print(line + f", writer {w['cpu_s']:.2f} s (sys {w['sys_s'] or 0:.2f} s, {w['minflt'] or 0} minor faults), "
+                 f"writer peak {w['rss_mb']:.0f} MB, close {w['close_s'] or 0:.2f} s")
+    print("   threads: " + ", ".join(f"{k} {v:.3f}" + (f" (sys {w['thread_sys'][k]:.3f}, {w['thread_faults'][k]} faults)"
+                                                         if k in w.get("thread_faults", {}) else "")
+                                   for k, v in sorted(w["threads"].items(), key=lambda kv: -kv[1])))
     for b in w.get("inbox") or []:
         print(f"   inbox:   most {b['most'] / 2**20:.1f} MB held (limit {b['limit'] / 2**20:.0f} MB), "
               f"{b['waits']} waits for room, {b['waited_s']:.2f} s")
@@ -302,7 +325,9 @@ def main() -> None:
         med = lambda f: statistics.median(f(r) for r in rs)  # noqa: E731
         line = f"{name}: medians wall {med(lambda r: r['wall_s']):.1f} s, CPU all {med(lambda r: r['cpu_all_s']):.1f} s"
         if rs[0]["writer"] is not None:
-            line += (f", writer CPU {med(lambda r: r['writer']['cpu_s']):.2f} s, "
+            line += (f", writer CPU {med(lambda r: r['writer']['cpu_s']):.3f} s "
+                     f"(sys {med(lambda r: r['writer']['sys_s'] or 0):.3f} s, "
+                     f"{med(lambda r: r['writer']['minflt'] or 0):.0f} minor faults), "
                      f"writer peak {med(lambda r: r['writer']['rss_mb']):.0f} MB")
         print(line)
     if a.profile is not None:
