@@ -219,7 +219,12 @@ def replay(
 def _interrupted_line(exc) -> str:
     """What an interrupted replay kept, for the CLI's one interrupt line (a ReplayInterrupted)."""
     if exc.write_problem is not None:
-        return f"interrupted; {exc.write_problem.one_line()}"
+        line = f"interrupted; {exc.write_problem.one_line()}"
+        if exc.run_id:  # where the run is, as for any other interrupted run
+            n = exc.num_requests
+            line += (f"; run {exc.run_id} kept in {exc.db_path} as {exc.status}, "
+                     f"{n:,} request{'' if n == 1 else 's'} recorded")
+        return line
     if exc.run_id:
         n = exc.num_requests
         line = (f"interrupted; run {exc.run_id} kept in {exc.db_path} as {exc.status}, "
