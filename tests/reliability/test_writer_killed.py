@@ -392,3 +392,43 @@ def test_remove_runless_store_leaves_a_file_another_process_holds(tmp_path):
     assert path.exists()
     (tmp_path / "t.txt").write_text("not a store\n")
     assert remove_runless_store(tmp_path / "t.txt") is False and (tmp_path / "t.txt").exists()
+
+
+@pytest.mark.parametrize("table", ["meta", "runs"])
+def test_a_store_a_writer_made_and_could_not_put_its_run_in_is_removed(tmp_path, monkeypatch, table):
+    """RunWriter (inline, and the writer process's open): the schema's transaction or the runs
+    row failing on a full disk leaves no file it made; a store that was there is left as it was."""
+    import duckdb
+
+    from tierdiag.errors import OutputError
+    from tierdiag.store import writer as writer_module
+    from tierdiag.store.writer import RunWriter
+
+    if table == "meta":
+        real_init = writer_module.init_store
+
+        def full(con, **kwargs):
+            real_init(con, **kwargs)  # committed, then the disk is full
+            raise duckdb.IOException('Could not write file "r.duckdb.wal": No space left on device')
+
+        monkeypatch.setattr(writer_module, "init_store", full)
+    else:
+        real_append = RunWriter._append
+
+        def full_at_runs(con, name, cols):
+            if name == "runs":
+                raise duckdb.IOException('Could not write file "r.duckdb.wal": No space left on device')
+            return real_append(con, name, cols)
+
+        monkeypatch.setattr(RunWriter, "_append", staticmethod(full_at_runs))
+    db = tmp_path / "r.duckdb"
+    with pytest.raises(OutputError, match="no space left"):
+        RunWriter(db, **_run("run-x"))
+    assert not db.exists() and not Path(str(db) + ".wal").exists()
+    monkeypatch.undo()
+    RunWriter(db, **_run("run-y")).finish("complete")
+    if table == "runs":  # the disk full again, at the next run's row: the store kept as it was
+        monkeypatch.setattr(RunWriter, "_append", staticmethod(full_at_runs))
+        with pytest.raises(OutputError):
+            RunWriter(db, **_run("run-z"))
+    assert sql(db, "SELECT run_id, status FROM runs") == [("run-y", "complete")]

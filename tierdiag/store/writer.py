@@ -195,7 +195,8 @@ class RunWriter:
             # An empty file (`touch`, or a creation killed before DuckDB wrote its header) holds
             # nothing; DuckDB refuses to open one, so it is removed and created afresh.
             _remove_empty(self.db_path)
-        if self.db_path.exists():
+        made = not self.db_path.exists()  # this writer makes the file: one it puts no run in is removed
+        if not made:
             check_before_writing(self.db_path, host=self._host_connection())
         appended = False  # the runs row committed: a failure after it (letting go of the file) closes it
         try:
@@ -227,6 +228,10 @@ class RunWriter:
         except TierdiagError as exc:
             if appended:
                 self._close_unopened(exc)
+            elif made:
+                # Made here and no run in it (its schema or the runs row failed: a full disk): not
+                # left behind (a file another process made meanwhile, and holds, is left to it).
+                remove_runless_store(self.db_path)
             raise
 
     def _close_unopened(self, exc: TierdiagError) -> None:
