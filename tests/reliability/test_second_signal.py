@@ -153,3 +153,80 @@ def test_a_second_signal_before_the_status_is_committed_is_ignored(tmp_path, tra
     run = _the_run(db, traces["earlier"])
     assert run["status"] == "interrupted"
     assert sql(db, "SELECT count(*) FROM run_evidence WHERE run_id = ?", [run["run_id"]]) == [(1,)]
+
+
+# The inline writer (session 38 h48kill): the evidence runs in the replay's own process, on its
+# thread and on threads of its own; a second signal once the status is committed ends the
+# process from the signal handler (cli/exits.py `leave_now`), unwinding nothing.
+
+# In the replay's process: the evidence held up where its other sections' threads have started
+# (the main thread about to make the size curves).
+INLINE_IN_EVIDENCE = """
+import time
+from tierdiag.diagnose.run import evidence as _ev
+_real = _ev.size_curves
+def _held(con, run):
+    open({marker!r}, "w").close()
+    time.sleep(120)
+    return _real(con, run)
+_ev.size_curves = _held
+"""
+
+
+def _start_inline(tmp_path: Path, trace: Path, db: Path, mark: str, prelude: str) -> subprocess.Popen:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = cli_env(TIERDIAG_FLUSH_EVERY_S="0.5", TIERDIAG_WRITER="inline", TMPDIR=str(tmp), **{MARK: mark})
+    return subprocess.Popen([sys.executable, "-c", prelude + CLI, "replay", str(trace), "--db", str(db), *ENGINE],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first, second", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGTERM),
+                                           (signal.SIGTERM, signal.SIGINT)])
+def test_inline_a_second_signal_once_the_status_is_committed_ends_the_process(tmp_path, traces, first, second):
+    """TIERDIAG_WRITER=inline: the first signal's code, the line a writer process's stop says, the
+    run interrupted with its rows each once and no evidence row, the earlier run untouched, no
+    process or temporary file left; readers and the next replay work on the store."""
+    db = tmp_path / "r.duckdb"
+    shutil.copy(traces["store"], db)
+    mark = uuid.uuid4().hex
+    marker = tmp_path / "held"
+    proc = _start_inline(tmp_path, traces["long"], db, mark, INLINE_IN_EVIDENCE.format(marker=str(marker)))
+    wait_for_recorded_rows(proc, db, runs_before=1)
+    os.kill(proc.pid, first)
+    _wait_for(marker, proc)
+    os.kill(proc.pid, second)
+    out, err = proc.communicate(timeout=60)
+    line = Result(proc.returncode, out, err).fails(CODE[first], "interrupted, then stopped again", "as interrupted",
+                                                  "evidence was not stored")
+    assert_no_process_left(mark)
+    assert list((tmp_path / "tmp").iterdir()) == []
+    run = _the_run(db, traces["earlier"])
+    assert run["status"] == "interrupted" and f"{run['num_requests']:,} request" in line
+    assert sql(db, "SELECT count(*) FROM run_evidence WHERE run_id = ?", [run["run_id"]]) == [(0,)]
+    for command in ("summary", "slow"):
+        r = tierdiag_in_process(command, "--db", db, "--run", run["run_id"])
+        assert r.code == 0, r.err
+    assert tierdiag_in_process("replay", write_trace(tmp_path / "next.jsonl", good_lines(3)), "--db", db,
+                               "--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096").code == 0
+    assert [r["status"] for r in listed_runs(db)] == ["complete", "interrupted", "complete"]
+
+
+@pytest.mark.slow
+def test_inline_a_second_signal_before_the_status_is_committed_is_ignored(tmp_path, traces):
+    db = tmp_path / "r.duckdb"
+    shutil.copy(traces["store"], db)
+    mark = uuid.uuid4().hex
+    marker = tmp_path / "held"
+    proc = _start_inline(tmp_path, traces["long"], db, mark, BEFORE_STATUS.format(marker=str(marker)))
+    wait_for_recorded_rows(proc, db, runs_before=1)
+    os.kill(proc.pid, signal.SIGINT)
+    _wait_for(marker, proc)
+    os.kill(proc.pid, signal.SIGINT)  # while the close writes its last rows (held 2 s)
+    out, err = proc.communicate(timeout=180)
+    line = Result(proc.returncode, out, err).fails(130, "interrupted; run", "as interrupted")
+    assert "stopped again" not in line
+    assert_no_process_left(mark)
+    run = _the_run(db, traces["earlier"])
+    assert sql(db, "SELECT count(*) FROM run_evidence WHERE run_id = ?", [run["run_id"]]) == [(1,)]
