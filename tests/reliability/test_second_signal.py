@@ -66,13 +66,15 @@ def traces(tmp_path_factory):
     return out
 
 
-def _start(tmp_path: Path, trace: Path, db: Path, mark: str, writer_prelude: str) -> subprocess.Popen:
-    """The CLI's replay with a writer process whose entry runs `writer_prelude` first."""
+def _start(tmp_path: Path, trace: Path, db: Path, mark: str, writer_prelude: str,
+           writer: str = "process") -> subprocess.Popen:
+    """The CLI's replay with a writer process whose entry runs `writer_prelude` first; `writer`
+    "inline": no writer process, the prelude run by the replay's own process."""
     engine_prelude = ("from tierdiag.app import writer_child as _wc\n"
-                      f"_wc.ENTRY = {writer_prelude!r} + '\\n' + _wc.ENTRY\n")
+                      f"_wc.ENTRY = {writer_prelude!r} + '\\n' + _wc.ENTRY\n") if writer == "process" else writer_prelude
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = cli_env(TIERDIAG_FLUSH_EVERY_S="0.5", TIERDIAG_WRITER="process", TMPDIR=str(tmp), **{MARK: mark})
+    env = cli_env(TIERDIAG_FLUSH_EVERY_S="0.5", TIERDIAG_WRITER=writer, TMPDIR=str(tmp), **{MARK: mark})
     return subprocess.Popen([sys.executable, "-c", engine_prelude + CLI, "replay", str(trace), "--db", str(db), *ENGINE],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
 
@@ -85,12 +87,12 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 180) -> Non
         time.sleep(0.02)
 
 
-def _first_signal(tmp_path: Path, traces, sig: int, prelude: str):
+def _first_signal(tmp_path: Path, traces, sig: int, prelude: str, writer: str = "process"):
     db = tmp_path / "r.duckdb"
     shutil.copy(traces["store"], db)
     mark = uuid.uuid4().hex
     marker = tmp_path / "held"
-    proc = _start(tmp_path, traces["long"], db, mark, prelude.format(marker=str(marker)))
+    proc = _start(tmp_path, traces["long"], db, mark, prelude.format(marker=str(marker)), writer)
     wait_for_recorded_rows(proc, db, runs_before=1)
     os.kill(proc.pid, sig)
     _wait_for(marker, proc)
@@ -121,8 +123,14 @@ def test_a_second_signal_once_the_status_is_committed_ends_the_close(tmp_path, t
         except subprocess.TimeoutExpired:
             pass
     out, err = proc.communicate(timeout=30)
-    line = Result(proc.returncode, out, err).fails(CODE[first], "interrupted, then stopped again", "as interrupted",
-                                                  "evidence was not stored")
+    _stopped_again(Result(proc.returncode, out, err), CODE[first], tmp_path, db, mark, traces)
+
+
+def _stopped_again(r: Result, code: int, tmp_path: Path, db: Path, mark: str, traces) -> None:
+    """What a second signal that ended the close leaves: the first signal's code, the one line,
+    no process or temporary file, the run interrupted with its rows and no evidence row, the
+    earlier run untouched; readers and the next replay work on the store."""
+    line = r.fails(code, "interrupted, then stopped again", "as interrupted", "evidence was not stored")
     assert_no_process_left(mark)
     assert list((tmp_path / "tmp").iterdir()) == []  # no spill folder, no temporary file
     run = _the_run(db, traces["earlier"])
@@ -173,14 +181,6 @@ _ev.size_curves = _held
 """
 
 
-def _start_inline(tmp_path: Path, trace: Path, db: Path, mark: str, prelude: str) -> subprocess.Popen:
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    env = cli_env(TIERDIAG_FLUSH_EVERY_S="0.5", TIERDIAG_WRITER="inline", TMPDIR=str(tmp), **{MARK: mark})
-    return subprocess.Popen([sys.executable, "-c", prelude + CLI, "replay", str(trace), "--db", str(db), *ENGINE],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("first, second", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGTERM),
                                            (signal.SIGTERM, signal.SIGINT)])
@@ -188,41 +188,15 @@ def test_inline_a_second_signal_once_the_status_is_committed_ends_the_process(tm
     """TIERDIAG_WRITER=inline: the first signal's code, the line a writer process's stop says, the
     run interrupted with its rows each once and no evidence row, the earlier run untouched, no
     process or temporary file left; readers and the next replay work on the store."""
-    db = tmp_path / "r.duckdb"
-    shutil.copy(traces["store"], db)
-    mark = uuid.uuid4().hex
-    marker = tmp_path / "held"
-    proc = _start_inline(tmp_path, traces["long"], db, mark, INLINE_IN_EVIDENCE.format(marker=str(marker)))
-    wait_for_recorded_rows(proc, db, runs_before=1)
-    os.kill(proc.pid, first)
-    _wait_for(marker, proc)
+    db, mark, proc = _first_signal(tmp_path, traces, first, INLINE_IN_EVIDENCE, "inline")
     os.kill(proc.pid, second)
     out, err = proc.communicate(timeout=60)
-    line = Result(proc.returncode, out, err).fails(CODE[first], "interrupted, then stopped again", "as interrupted",
-                                                  "evidence was not stored")
-    assert_no_process_left(mark)
-    assert list((tmp_path / "tmp").iterdir()) == []
-    run = _the_run(db, traces["earlier"])
-    assert run["status"] == "interrupted" and f"{run['num_requests']:,} request" in line
-    assert sql(db, "SELECT count(*) FROM run_evidence WHERE run_id = ?", [run["run_id"]]) == [(0,)]
-    for command in ("summary", "slow"):
-        r = tierdiag_in_process(command, "--db", db, "--run", run["run_id"])
-        assert r.code == 0, r.err
-    assert tierdiag_in_process("replay", write_trace(tmp_path / "next.jsonl", good_lines(3)), "--db", db,
-                               "--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096").code == 0
-    assert [r["status"] for r in listed_runs(db)] == ["complete", "interrupted", "complete"]
+    _stopped_again(Result(proc.returncode, out, err), CODE[first], tmp_path, db, mark, traces)
 
 
 @pytest.mark.slow
 def test_inline_a_second_signal_before_the_status_is_committed_is_ignored(tmp_path, traces):
-    db = tmp_path / "r.duckdb"
-    shutil.copy(traces["store"], db)
-    mark = uuid.uuid4().hex
-    marker = tmp_path / "held"
-    proc = _start_inline(tmp_path, traces["long"], db, mark, BEFORE_STATUS.format(marker=str(marker)))
-    wait_for_recorded_rows(proc, db, runs_before=1)
-    os.kill(proc.pid, signal.SIGINT)
-    _wait_for(marker, proc)
+    db, mark, proc = _first_signal(tmp_path, traces, signal.SIGINT, BEFORE_STATUS, "inline")
     os.kill(proc.pid, signal.SIGINT)  # while the close writes its last rows (held 2 s)
     out, err = proc.communicate(timeout=180)
     line = Result(proc.returncode, out, err).fails(130, "interrupted; run", "as interrupted")

@@ -49,6 +49,16 @@ def _hold():
     time.sleep(600)
 """
 
+# A RunWriter method held before it runs.
+_HELD_BEFORE = """
+from tierdiag.store import writer as _w
+_real = _w.RunWriter.{method}
+def _held(self):
+    _hold()
+    return _real(self)
+_w.RunWriter.{method} = _held
+"""
+
 # Where each window holds the writer (in its own process, before its entry runs).
 WINDOWS = {
     "a": """
@@ -85,23 +95,9 @@ def _held(self):
         _hold()
 _s._Serve.write = _held
 """,
-    "d1": """
-from tierdiag.store import writer as _w
-_real = _w.RunWriter._lift_memory
-def _held(self):
-    _hold()
-    return _real(self)
-_w.RunWriter._lift_memory = _held
-""",
+    "d1": _HELD_BEFORE.format(method="_lift_memory"),
     "d2": "",  # the close hook holds (`_after` below; the replay's: diagnose.run.close.after_commit)
-    "d3": """
-from tierdiag.store import writer as _w
-_real = _w.RunWriter.let_go
-def _held(self):
-    _hold()
-    return _real(self)
-_w.RunWriter.let_go = _held
-""",
+    "d3": _HELD_BEFORE.format(method="let_go"),
 }
 
 # The store writer's own loop (no replay's evidence), its close hook held in window d2.
@@ -251,7 +247,8 @@ def test_the_writer_killed_in_any_window(tmp_path, earlier, window, before, stat
 # ----------------------------------------------------------------------------- the CLI, signals
 
 
-def _cli(tmp_path: Path, trace: Path, db: Path, mark: str, window: str) -> tuple[subprocess.Popen, Path]:
+def _cli(tmp_path: Path, trace: Path, db: Path, mark: str, window: str,
+         engine: tuple[str, ...] = ENGINE) -> tuple[subprocess.Popen, Path]:
     marker = tmp_path / "held"
     prelude = HOLD.format(marker=str(marker)) + (REPLAY_D2 if window == "d2" else WINDOWS[window])
     engine_prelude = ("from tierdiag.app import writer_child as _wc\n"
@@ -260,7 +257,7 @@ def _cli(tmp_path: Path, trace: Path, db: Path, mark: str, window: str) -> tuple
     tmp.mkdir()
     env = cli_env(TIERDIAG_FLUSH_EVERY_S="0.5", TIERDIAG_WRITER="process", TMPDIR=str(tmp), **{MARK: mark})
     proc = subprocess.Popen([sys.executable, "-c", engine_prelude + "from tierdiag.cli.main import main; main()",
-                             "replay", str(trace), "--db", str(db), *ENGINE],
+                             "replay", str(trace), "--db", str(db), *engine],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
     return proc, marker
 
@@ -432,3 +429,25 @@ def test_a_store_a_writer_made_and_could_not_put_its_run_in_is_removed(tmp_path,
         with pytest.raises(OutputError):
             RunWriter(db, **_run("run-z"))
     assert sql(db, "SELECT run_id, status FROM runs") == [("run-y", "complete")]
+
+
+@pytest.mark.slow
+def test_a_run_never_recorded_leaves_no_storage_pages(tmp_path, earlier):
+    """With a storage tier, the writer killed in window b: the engine had begun writing the run's
+    page files; no run owns them, so its folder goes with the store file (the storage root too,
+    where nothing else is in it; another run's folder there is kept)."""
+    db = tmp_path / "r.duckdb"
+    other = tmp_path / "r.storage" / "other-run"
+    other.mkdir(parents=True)
+    (other / "000001.kvseg").write_bytes(b"kept")
+    mark = uuid.uuid4().hex
+    engine = ("--model", "tiny", "--gpu", "cpu", "--device-tokens", "100000", "--host-tokens", "200000",
+              "--storage-tokens", "50000000", "--verify", "off")
+    proc, marker = _cli(tmp_path, earlier["short"], db, mark, "b", engine)
+    os.kill(_writer_pid(proc, marker, mark), signal.SIGKILL)
+    out, err = proc.communicate(timeout=180)
+    Result(proc.returncode, out, err).fails(4, "nothing was recorded", "was removed")
+    assert_no_process_left(mark)
+    assert not db.exists()
+    assert sorted(p.name for p in (tmp_path / "r.storage").iterdir()) == ["other-run"]
+    assert (other / "000001.kvseg").read_bytes() == b"kept"

@@ -403,6 +403,12 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
         raise
     finally:
         storage_bytes = _close_storage(engine, storage_tmp)
+        if storage_dir is not None and storage_tmp is None and recording.writer is not None \
+                and not recording.writer.has_run:
+            # The run's own folder, of a run that was never recorded (its writer process died, or
+            # refused the store, before the run's row): no run owns its pages, and nothing would
+            # ever find or delete them (`runs --delete` goes by the run's row).
+            _remove_unowned_storage(storage_dir)
     # A recorded run's closing numbers are `summary`'s, read back: one definition per metric
     # (by the writer process, after the run evidence it stored, when there is one).
     numbers = recording.numbers()
@@ -525,6 +531,16 @@ def _temporary_storage(root: str | None) -> Path:
         parent = storage_root("", root)
         parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix="tierdiag-storage-", dir=parent))
+
+
+def _remove_unowned_storage(folder: Path) -> None:
+    """Remove a run's storage folder no run owns, and the storage root above it where that is
+    left empty (a root holding other runs' folders stays)."""
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty (other runs' pages), or gone: left as it is
+        folder.parent.rmdir()
 
 
 def _close_storage(engine, temporary: Path | None) -> int:
