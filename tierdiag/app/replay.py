@@ -403,8 +403,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
         raise
     finally:
         storage_bytes = _close_storage(engine, storage_tmp)
-        if storage_dir is not None and storage_tmp is None and recording.writer is not None \
-                and not recording.writer.has_run:
+        if storage_dir is not None and storage_tmp is None and getattr(recording.writer, "no_run", False):
             # The run's own folder, of a run that was never recorded (its writer process died, or
             # refused the store, before the run's row): no run owns its pages, and nothing would
             # ever find or delete them (`runs --delete` goes by the run's row).

@@ -255,6 +255,7 @@ class WriterProcess:
         # The store file was not there (or empty) when the run was asked for: a file the writer
         # made and died before putting a run in is this command's to remove (`_after_death`).
         self._made_file = False
+        self._no_run_found = False  # the writer died, and the file holds no run of it (`_after_death`)
         self._proc: subprocess.Popen | None = None
 
     @classmethod
@@ -370,6 +371,7 @@ class WriterProcess:
         where = self.db_path
         held = close_unclosed_run_row(self.db_path, self.run_id, status, error)
         if held is None:
+            self._no_run_found = True
             said = "nothing was recorded"
             if self._made_file:
                 removed = remove_runless_store(self.db_path)
@@ -386,6 +388,12 @@ class WriterProcess:
             self._dead.message = (f"the writer process of {where} (pid {self.pid}) {self._how} after it had closed the run"
                                   + ("" if held.evidence else
                                      ", before its evidence was stored: readers compute it from the rows"))
+
+    @property
+    def no_run(self) -> bool:
+        """Known to have recorded no run: the writer refused the store, or died and the file
+        holds no run of it (not merely not told yet: `has_run`)."""
+        return self._open_error is not None or self._no_run_found
 
     def _answered(self) -> bool:
         return self.closed_as is not None or self._dead is not None or self._open_error is not None
