@@ -92,3 +92,54 @@ def test_only_a_signal_after_the_first_and_inside_second_stops_raises_stopped_ag
     expected = next(((i, s) for i, (s, armed) in enumerate(events) if i > 0 and armed), None)
     assert stopped == expected
     assert signals.received() == first
+
+
+# `second_stops(leave=...)` (issue 41, session 38 h48kill): the inline writer's interrupted close
+# ends the process from the handler instead of raising through the evidence's threads.
+
+class _Left(BaseException):
+    """What the test's `leave` raises in place of ending the process."""
+
+
+@settings(max_examples=80, deadline=None)
+@given(events=st.lists(st.tuples(st.sampled_from([signal.SIGINT, signal.SIGTERM]), st.sampled_from(["out", "raise", "leave", "returns"])),
+                       min_size=1, max_size=8))
+def test_leave_is_called_exactly_where_stopped_again_would_be_raised(events):
+    """Any sequence of signals, each outside the window, inside a plain `second_stops`, or inside one
+    with a `leave` (that ends the process: here it raises; or that returns): `leave` is called,
+    once, with the signal, exactly for the first signal after the first that lands inside a
+    window with one; a `leave` that returns is followed by StoppedAgain; a window without one
+    raises StoppedAgain as before; `received()` is always the first."""
+    signals.reset()
+    first = events[0][0]
+    calls: list = []
+    outcome = None
+
+    def leave_by_raising(signum):
+        calls.append(signum)
+        raise _Left(signum)
+
+    with signals.deferred(reraise=False):
+        for i, (signum, where) in enumerate(events):
+            try:
+                if where == "out":
+                    signals.interrupt(signum)
+                else:
+                    leave = {"raise": None, "leave": leave_by_raising, "returns": calls.append}[where]
+                    with signals.second_stops(leave=leave):
+                        signals.interrupt(signum)
+            except _Left:
+                outcome = (i, "left")
+                break
+            except signals.StoppedAgain as exc:
+                outcome = (i, "stopped", exc.signum)
+                break
+    hit = next(((i, s, w) for i, (s, w) in enumerate(events) if i > 0 and w != "out"), None)
+    if hit is None:
+        assert outcome is None and calls == []
+    elif hit[2] == "leave":
+        assert outcome == (hit[0], "left") and calls == [hit[1]]
+    else:
+        assert outcome == (hit[0], "stopped", hit[1]) and calls == ([hit[1]] if hit[2] == "returns" else [])
+    assert signals.received() == first
+    assert signals._leaves == []  # every window's `leave` taken off as it ended

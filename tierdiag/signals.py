@@ -38,6 +38,8 @@ class StoppedAgain(Interrupted):
 
 
 _state = {"depth": 0, "pending": None, "first": None, "closing": 0, "raised": False, "second": 0}
+# `second_stops(leave=...)`: what a second signal calls instead of raising (innermost last).
+_leaves: list = []
 _REDELIVER_S = 0.02
 
 
@@ -79,6 +81,8 @@ def _handler(signum, frame) -> None:
         # exit code stays the first's (`received`).
         _state["pending"] = None
         _state["raised"] = True
+        if _leaves and _leaves[-1] is not None:
+            _leaves[-1](signum)  # ends the process (it returns only where it could not)
         raise StoppedAgain(signum)
     if _state["first"] is None:
         _state["first"] = signum
@@ -141,16 +145,22 @@ def deferred(*, reraise: bool = True) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def second_stops() -> Iterator[None]:
+def second_stops(leave=None) -> Iterator[None]:
     """Within the block, a signal that comes after a first one (`received()` set) raises
     StoppedAgain at once, even inside a deferred block: for the part of an interrupted run's close
     after its rows and status are committed (a writer process computing the evidence), so that a
     second Ctrl-C, `docker stop` or `timeout -k` ends the command there, not only a SIGKILL.
-    Everywhere else a second signal is dropped, as before: the close goes on."""
+    Everywhere else a second signal is dropped, as before: the close goes on.
+
+    `leave(signum)`: called by the handler instead, where the caller's process may end right
+    there (the inline writer's close, whose evidence runs on this thread and on threads of its
+    own that nothing could unwind safely: app/replay.py); if it returns, StoppedAgain as above."""
     _state["second"] += 1
+    _leaves.append(leave)
     try:
         yield
     finally:
+        _leaves.pop()
         _state["second"] -= 1
 
 
@@ -175,3 +185,4 @@ def ignore() -> None:
 def reset() -> None:
     """Forget every signal seen (tests that run several interrupted replays in one process)."""
     _state.update(depth=0, pending=None, first=None, closing=0, raised=False, second=0)
+    _leaves.clear()

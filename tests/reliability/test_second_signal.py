@@ -66,13 +66,15 @@ def traces(tmp_path_factory):
     return out
 
 
-def _start(tmp_path: Path, trace: Path, db: Path, mark: str, writer_prelude: str) -> subprocess.Popen:
-    """The CLI's replay with a writer process whose entry runs `writer_prelude` first."""
+def _start(tmp_path: Path, trace: Path, db: Path, mark: str, writer_prelude: str,
+           writer: str = "process") -> subprocess.Popen:
+    """The CLI's replay with a writer process whose entry runs `writer_prelude` first; `writer`
+    "inline": no writer process, the prelude run by the replay's own process."""
     engine_prelude = ("from tierdiag.app import writer_child as _wc\n"
-                      f"_wc.ENTRY = {writer_prelude!r} + '\\n' + _wc.ENTRY\n")
+                      f"_wc.ENTRY = {writer_prelude!r} + '\\n' + _wc.ENTRY\n") if writer == "process" else writer_prelude
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    env = cli_env(TIERDIAG_FLUSH_EVERY_S="0.5", TIERDIAG_WRITER="process", TMPDIR=str(tmp), **{MARK: mark})
+    env = cli_env(TIERDIAG_FLUSH_EVERY_S="0.5", TIERDIAG_WRITER=writer, TMPDIR=str(tmp), **{MARK: mark})
     return subprocess.Popen([sys.executable, "-c", engine_prelude + CLI, "replay", str(trace), "--db", str(db), *ENGINE],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
 
@@ -85,12 +87,12 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 180) -> Non
         time.sleep(0.02)
 
 
-def _first_signal(tmp_path: Path, traces, sig: int, prelude: str):
+def _first_signal(tmp_path: Path, traces, sig: int, prelude: str, writer: str = "process"):
     db = tmp_path / "r.duckdb"
     shutil.copy(traces["store"], db)
     mark = uuid.uuid4().hex
     marker = tmp_path / "held"
-    proc = _start(tmp_path, traces["long"], db, mark, prelude.format(marker=str(marker)))
+    proc = _start(tmp_path, traces["long"], db, mark, prelude.format(marker=str(marker)), writer)
     wait_for_recorded_rows(proc, db, runs_before=1)
     os.kill(proc.pid, sig)
     _wait_for(marker, proc)
@@ -121,8 +123,14 @@ def test_a_second_signal_once_the_status_is_committed_ends_the_close(tmp_path, t
         except subprocess.TimeoutExpired:
             pass
     out, err = proc.communicate(timeout=30)
-    line = Result(proc.returncode, out, err).fails(CODE[first], "interrupted, then stopped again", "as interrupted",
-                                                  "evidence was not stored")
+    _stopped_again(Result(proc.returncode, out, err), CODE[first], tmp_path, db, mark, traces)
+
+
+def _stopped_again(r: Result, code: int, tmp_path: Path, db: Path, mark: str, traces) -> None:
+    """What a second signal that ended the close leaves: the first signal's code, the one line,
+    no process or temporary file, the run interrupted with its rows and no evidence row, the
+    earlier run untouched; readers and the next replay work on the store."""
+    line = r.fails(code, "interrupted, then stopped again", "as interrupted", "evidence was not stored")
     assert_no_process_left(mark)
     assert list((tmp_path / "tmp").iterdir()) == []  # no spill folder, no temporary file
     run = _the_run(db, traces["earlier"])
@@ -152,4 +160,47 @@ def test_a_second_signal_before_the_status_is_committed_is_ignored(tmp_path, tra
     assert_no_process_left(mark)
     run = _the_run(db, traces["earlier"])
     assert run["status"] == "interrupted"
+    assert sql(db, "SELECT count(*) FROM run_evidence WHERE run_id = ?", [run["run_id"]]) == [(1,)]
+
+
+# The inline writer (session 38 h48kill): the evidence runs in the replay's own process, on its
+# thread and on threads of its own; a second signal once the status is committed ends the
+# process from the signal handler (cli/exits.py `leave_now`), unwinding nothing.
+
+# In the replay's process: the evidence held up where its other sections' threads have started
+# (the main thread about to make the size curves).
+INLINE_IN_EVIDENCE = """
+import time
+from tierdiag.diagnose.run import evidence as _ev
+_real = _ev.size_curves
+def _held(con, run):
+    open({marker!r}, "w").close()
+    time.sleep(120)
+    return _real(con, run)
+_ev.size_curves = _held
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first, second", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGTERM),
+                                           (signal.SIGTERM, signal.SIGINT)])
+def test_inline_a_second_signal_once_the_status_is_committed_ends_the_process(tmp_path, traces, first, second):
+    """TIERDIAG_WRITER=inline: the first signal's code, the line a writer process's stop says, the
+    run interrupted with its rows each once and no evidence row, the earlier run untouched, no
+    process or temporary file left; readers and the next replay work on the store."""
+    db, mark, proc = _first_signal(tmp_path, traces, first, INLINE_IN_EVIDENCE, "inline")
+    os.kill(proc.pid, second)
+    out, err = proc.communicate(timeout=60)
+    _stopped_again(Result(proc.returncode, out, err), CODE[first], tmp_path, db, mark, traces)
+
+
+@pytest.mark.slow
+def test_inline_a_second_signal_before_the_status_is_committed_is_ignored(tmp_path, traces):
+    db, mark, proc = _first_signal(tmp_path, traces, signal.SIGINT, BEFORE_STATUS, "inline")
+    os.kill(proc.pid, signal.SIGINT)  # while the close writes its last rows (held 2 s)
+    out, err = proc.communicate(timeout=180)
+    line = Result(proc.returncode, out, err).fails(130, "interrupted; run", "as interrupted")
+    assert "stopped again" not in line
+    assert_no_process_left(mark)
+    run = _the_run(db, traces["earlier"])
     assert sql(db, "SELECT count(*) FROM run_evidence WHERE run_id = ?", [run["run_id"]]) == [(1,)]

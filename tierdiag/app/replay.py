@@ -276,19 +276,23 @@ def _scaled_arrivals(requests, time_scale: float, trace: Path, closed: bool = Tr
 def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
            skip_bad: bool, command_line: list[str] | None = None,
            progress: Callable[[int, int, object], None] | None = None,
-           process_ends: bool = False) -> ReplayResult:
+           process_ends: bool = False,
+           leave_stopped_again: Callable[[ReplayInterrupted], None] | None = None) -> ReplayResult:
     # Fewer collector passes over the whole replay, the closing flush and summary included: the
     # recorder's last ~10^5 buffered events and the tree are live objects that a default-
     # threshold pass right after the engine rescans (0.1-0.3 s on the conversation trace).
     # The stack reaps a writer process however the replay ends. `process_ends`: the caller's
     # process ends after this replay without freeing its objects (the CLI): the heap is frozen
-    # at the end instead of left to the collector (`_fewer_gc_passes`).
+    # at the end instead of left to the collector (`_fewer_gc_passes`). `leave_stopped_again`:
+    # a caller whose process may end inside the close (the CLI) says there what the run kept and
+    # ends it, when a second signal comes while an inline writer computes an interrupted run's
+    # evidence (app/replay_writers.py `InlineWriter._close_hooks`); it must not return.
     closed: list = []  # the writer, once the run is closed (_replay appends it)
     try:
         with _fewer_gc_passes(process_ends), contextlib.ExitStack() as cleanup:
             return _replay(trace, cfg, db=db, run_name=run_name, probes=probes, skip_bad=skip_bad,
                            command_line=command_line, progress=progress, cleanup=cleanup, closed=closed,
-                           reap_at_exit=process_ends)
+                           reap_at_exit=process_ends, leave_stopped_again=leave_stopped_again)
     except KeyboardInterrupt as exc:
         if isinstance(exc, ReplayInterrupted) or not closed:
             raise
@@ -302,7 +306,8 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
 def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | None, probes: bool,
             skip_bad: bool, command_line: list[str] | None,
             progress: Callable[[int, int, object], None] | None, cleanup: contextlib.ExitStack,
-            closed: list, reap_at_exit: bool = False) -> ReplayResult:
+            closed: list, reap_at_exit: bool = False,
+            leave_stopped_again: Callable[[ReplayInterrupted], None] | None = None) -> ReplayResult:
     from tierdiag.app.replay_writers import for_mode
 
     t0 = time.perf_counter()
@@ -323,6 +328,13 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
     first = next(requests)
     requests = itertools.chain([first], requests)
     recording = recording.start(cleanup)  # a writer process starts now, beside the engine's import
+    if leave_stopped_again is not None:
+        def stopped_again() -> None:
+            writer = recording.writer
+            leave_stopped_again(ReplayInterrupted(writer.run_id, str(db), writer.recorded, None,
+                                                  writer.closed_as or "interrupted", stopped_again=True))
+
+        recording.leave_when_stopped_again = stopped_again
     # The run's row names the trace's digest (nothing recorded: none taken). A trace read through
     # a pipe can be read once only: its digest is taken while replaying and recorded at the end
     # (the reader fills report.sha256). A file's is taken on a thread beside the engine's import
@@ -391,6 +403,11 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
         raise
     finally:
         storage_bytes = _close_storage(engine, storage_tmp)
+        if storage_dir is not None and storage_tmp is None and getattr(recording.writer, "no_run", False):
+            # The run's own folder, of a run that was never recorded (its writer process died, or
+            # refused the store, before the run's row): no run owns its pages, and nothing would
+            # ever find or delete them (`runs --delete` goes by the run's row).
+            _remove_unowned_storage(storage_dir)
     # A recorded run's closing numbers are `summary`'s, read back: one definition per metric
     # (by the writer process, after the run evidence it stored, when there is one).
     numbers = recording.numbers()
@@ -513,6 +530,16 @@ def _temporary_storage(root: str | None) -> Path:
         parent = storage_root("", root)
         parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix="tierdiag-storage-", dir=parent))
+
+
+def _remove_unowned_storage(folder: Path) -> None:
+    """Remove a run's storage folder no run owns, and the storage root above it where that is
+    left empty (a root holding other runs' folders stays)."""
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty (other runs' pages), or gone: left as it is
+        folder.parent.rmdir()
 
 
 def _close_storage(engine, temporary: Path | None) -> int:

@@ -53,6 +53,10 @@ class InlineWriter(Unrecorded):
     """store.writer.RunWriter on the engine's thread; the close hook runs on its connection."""
 
     kind = "inline"
+    # Set by a caller whose process ends after the replay (the CLI): called, from the signal
+    # handler, by a second SIGINT/SIGTERM once an interrupted run's rows and status are
+    # committed, while its evidence is computed; it says so and ends the process (`_close_hooks`).
+    leave_when_stopped_again: Callable[[], None] | None = None
 
     def open(self, db: Path, run: dict, *, flush_every_s: float) -> None:
         from tierdiag.probes.recorder import Recorder
@@ -61,10 +65,25 @@ class InlineWriter(Unrecorded):
         self.writer = RunWriter(db, **run)
         self.recorder = Recorder(rows_sink=self.writer.append_rows)
 
-    def _close_hooks(self) -> dict:
+    def _close_hooks(self, status: str) -> dict:
+        """The close hook: the run evidence (diagnose.run.close.after_commit). An interrupted
+        run's, with `leave_when_stopped_again` set, runs where a second signal ends the process
+        (signals.second_stops): the evidence is computed here and on threads of its own, on this
+        connection, and a process that ends there leaves the store as a writer process's STOP
+        does (h47sig): the rows and status committed (the next open replays DuckDB's log), the
+        evidence's transaction never committed. Nothing is unwound in between: stopping the
+        threads' queries and closing their cursors under them is what could go wrong."""
         from tierdiag.diagnose.run.close import after_commit
 
-        return {"after_commit": after_commit}
+        leave = self.leave_when_stopped_again
+        if status != "interrupted" or leave is None:
+            return {"after_commit": after_commit}
+
+        def stoppable(con, db_path, run_id: str, status: str):
+            with signals.second_stops(leave=lambda signum: leave()):
+                return after_commit(con, db_path, run_id, status)
+
+        return {"after_commit": stoppable}
 
     def close(self, status: str | Callable[[], str], error: str | None, *,
               trace_sha256: str | None = None) -> TierdiagError | None:
@@ -75,8 +94,8 @@ class InlineWriter(Unrecorded):
         writer, bug = self.writer, None
         try:
             self.recorder.flush()
-            writer.finish(status if isinstance(status, str) else status(), error=error, trace_sha256=trace_sha256,
-                          **self._close_hooks())
+            status = status if isinstance(status, str) else status()
+            writer.finish(status, error=error, trace_sha256=trace_sha256, **self._close_hooks(status))
             return None
         except TierdiagError as exc:
             problem = exc
@@ -129,7 +148,7 @@ class WriterInProcess(InlineWriter):
         self.writer = self.process
         self.recorder = Recorder(rows_sink=self.writer.append_rows, flush_rows=BATCH_ROWS)
 
-    def _close_hooks(self) -> dict:
+    def _close_hooks(self, status: str) -> dict:
         return {}
 
     def finished(self, *, reap_at_exit: bool = False) -> None:

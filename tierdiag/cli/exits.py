@@ -72,6 +72,22 @@ def _say(line: str) -> None:
     print(f"tierdiag: {abbreviated(visible(line, lines=False))}", file=sys.stderr)
 
 
+def leave_now(line: str) -> None:
+    """Say `line` as an interrupt's and end the process here, unwinding nothing: called from the
+    signal handler by a second signal while an inline replay computes an interrupted run's
+    evidence (app/replay.py `leave_stopped_again`), where what is committed is all there is to
+    keep and the threads computing it on the store's connection could not be stopped safely
+    (the process's end stops them; DuckDB's log holds the commits, replayed by the next open).
+    Written straight to the descriptor: the handler may have interrupted a write to stderr."""
+    from tierdiag.report.text import abbreviated, visible
+
+    signals.ignore()
+    code = signals.exit_code(signals.received())
+    with contextlib.suppress(OSError):
+        os.write(2, f"tierdiag: {abbreviated(visible(line, lines=False))}\n".encode("utf-8", "backslashreplace"))
+    os._exit(code)
+
+
 def _interrupted(line: str = "interrupted") -> None:
     signals.ignore()  # a second Ctrl-C while we say so must not cut the line short
     _say(line)
@@ -172,6 +188,18 @@ _LEAVE_FAST: list[bool] = []
 # Set by `run_and_leave` (the console script, `python -m tierdiag`): the command's process ends
 # when it returns. Not by Typer's test runner, which runs commands inside a longer process.
 _ENDS_THE_PROCESS: list[bool] = []
+_ENDS_AFTER: list[bool] = []  # `the_process_ends_after`
+
+
+def the_process_ends_after() -> None:
+    """Say that this process ends once the command returns (cli/main.py `main` and `entry`; not a
+    test's in-process call): a command may then end it itself where it must (`leave_now`)."""
+    _ENDS_AFTER.append(True)
+
+
+def process_ends_after() -> bool:
+    """Whether this process ends once the command returns (`the_process_ends_after`)."""
+    return bool(_ENDS_AFTER) or bool(_ENDS_THE_PROCESS)
 
 
 def leave_without_teardown() -> None:

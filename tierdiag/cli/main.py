@@ -367,8 +367,9 @@ def _app_for_argv():
 
 
 def main() -> None:
-    from tierdiag.cli.exits import run
+    from tierdiag.cli.exits import run, the_process_ends_after
 
+    the_process_ends_after()
     run(_app_for_argv)
 
 

@@ -138,7 +138,7 @@ def replay(
     # Whatever happens below is closed by the time the command returns (the run, its writer
     # process, the storage tier's files): the process then skips freeing the engine's objects.
     from tierdiag.app.replay import single_threaded_blas, twin_dp
-    from tierdiag.cli.exits import leave_without_teardown, process_ends_unfreed
+    from tierdiag.cli.exits import leave_without_teardown, process_ends_after, process_ends_unfreed
 
     leave_without_teardown()
     single_threaded_blas()  # before anything loads numpy (its BLAS threads would spin): app/replay.py
@@ -194,7 +194,8 @@ def replay(
             summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name,
                                  probes=not no_probes, skip_bad=skip_bad,
                                  command_line=command_line(), progress=progress,
-                                 process_ends=process_ends_unfreed())
+                                 process_ends=process_ends_unfreed(),
+                                 leave_stopped_again=_leave_stopped_again(bar, progress) if process_ends_after() else None)
         except ReplayInterrupted as exc:
             if progress is not None:  # a bar is shown: it goes before the interrupt's line
                 bar.stop()
@@ -216,10 +217,30 @@ def replay(
         raise RunInterrupted(_interrupted_line(kept)) from None
 
 
+def _leave_stopped_again(bar, progress):
+    """What ends the CLI's process where a second signal stops an inline replay's interrupted
+    close (its rows and status committed): the bar put away, the interrupt's line, the first
+    signal's code (cli/exits.py `leave_now`)."""
+    def leave(exc) -> None:
+        from tierdiag.cli.exits import leave_now
+
+        if progress is not None:
+            with contextlib.suppress(Exception):  # the handler may have come in the middle of a redraw
+                bar.stop()
+        leave_now(_interrupted_line(exc))
+
+    return leave
+
+
 def _interrupted_line(exc) -> str:
     """What an interrupted replay kept, for the CLI's one interrupt line (a ReplayInterrupted)."""
     if exc.write_problem is not None:
-        return f"interrupted; {exc.write_problem.one_line()}"
+        line = f"interrupted; {exc.write_problem.one_line()}"
+        if exc.run_id:  # where the run is, as for any other interrupted run
+            n = exc.num_requests
+            line += (f"; run {exc.run_id} kept in {exc.db_path} as {exc.status}, "
+                     f"{n:,} request{'' if n == 1 else 's'} recorded")
+        return line
     if exc.run_id:
         n = exc.num_requests
         line = (f"interrupted; run {exc.run_id} kept in {exc.db_path} as {exc.status}, "

@@ -38,7 +38,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -195,7 +195,8 @@ class RunWriter:
             # An empty file (`touch`, or a creation killed before DuckDB wrote its header) holds
             # nothing; DuckDB refuses to open one, so it is removed and created afresh.
             _remove_empty(self.db_path)
-        if self.db_path.exists():
+        made = not self.db_path.exists()  # this writer makes the file: one it puts no run in is removed
+        if not made:
             check_before_writing(self.db_path, host=self._host_connection())
         appended = False  # the runs row committed: a failure after it (letting go of the file) closes it
         try:
@@ -227,6 +228,10 @@ class RunWriter:
         except TierdiagError as exc:
             if appended:
                 self._close_unopened(exc)
+            elif made:
+                # Made here and no run in it (its schema or the runs row failed: a full disk): not
+                # left behind (a file another process made meanwhile, and holds, is left to it).
+                remove_runless_store(self.db_path)
             raise
 
     def _close_unopened(self, exc: TierdiagError) -> None:
@@ -711,20 +716,81 @@ def close_run_row(db_path: str | os.PathLike, run_id: str, status: str, error: s
     """Close run `run_id` as `status` from outside the writer that opened it (that writer's
     process died): its count is the request rows committed to the file. Returns that count, or
     None when the file holds no such run (it died before writing the runs row)."""
-    path = Path(db_path)
+    held = _close_from_outside(Path(db_path), run_id, status, error, keep_closed=False)
+    return None if held is None else held.requests
+
+
+class HeldRun(NamedTuple):
+    """A run as a dead writer left it (`close_unclosed_run_row`)."""
+
+    requests: int  # request rows committed
+    status: str  # what it is closed as now
+    evidence: bool  # its run_evidence row is committed
+
+
+def close_unclosed_run_row(db_path: str | os.PathLike, run_id: str, status: str, error: str | None) -> HeldRun | None:
+    """As `close_run_row`, for a writer process that died before it answered the close: a run it
+    had closed already (its status committed, then it died computing the evidence or before it
+    answered) is kept as it closed it, complete or interrupted with every row; only a run still
+    `running` is closed as `status`. None when the file holds no such run."""
+    return _close_from_outside(Path(db_path), run_id, status, error, keep_closed=True)
+
+
+def _close_from_outside(path: Path, run_id: str, status: str, error: str | None, *,
+                        keep_closed: bool) -> HeldRun | None:
     if not path.is_file() or path.stat().st_size == 0:
         return None  # never created: the process died before it made the file
     with signals.deferred(), _open(path, read_only=False, wait_s=FINAL_WAIT_S) as con:
         try:
-            if unfinished_store(con) or not con.execute(
-                    "SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall()[0][0]:
+            if unfinished_store(con):
+                return None
+            found = con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchall()
+            if not found:
                 return None
             n = con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchall()[0][0]
-            con.execute("UPDATE runs SET status = ?, finished_at = ?, num_requests = ?, error = ? WHERE run_id = ?",
-                        [status, _now(), n, error, run_id])
+            held = found[0][0]
+            if not keep_closed or held == "running":
+                con.execute("UPDATE runs SET status = ?, finished_at = ?, num_requests = ?, error = ? WHERE run_id = ?",
+                            [status, _now(), n, error, run_id])
+                held = status
+            evidence = 0
+            if con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'run_evidence'").fetchall()[0][0]:
+                evidence = con.execute("SELECT count(*) FROM run_evidence WHERE run_id = ?", [run_id]).fetchall()[0][0]
         except duckdb.Error as exc:
             raise write_error(path, exc) from None
-    return int(n)
+    return HeldRun(int(n), held, bool(evidence))
+
+
+def remove_runless_store(db_path: str | os.PathLike) -> bool | None:
+    """Remove the store file at `db_path` (and DuckDB's log beside it) where it holds no run: a
+    file a replay made whose writer died before the run's row was committed (only DuckDB's header,
+    or the schema). True: removed, or not there; None: it holds a run (another replay's, made
+    meanwhile), left; False: it could not be looked at (another process holds it, it is not a
+    store), left. The file is checked and removed while this process holds DuckDB's lock on it,
+    so no other replay is writing its run into it meanwhile."""
+    path = Path(db_path)
+    if not path.is_file():
+        return True
+    if path.stat().st_size == 0:
+        _remove_empty(path)
+        return not path.exists()
+    try:
+        con = connect_with_retry(path, read_only=False, wait_s=FLUSH_WAIT_S)
+    except duckdb.Error:
+        return False
+    try:
+        with signals.deferred():
+            if not unfinished_store(con) and con.execute("SELECT count(*) FROM runs").fetchall()[0][0]:
+                return None
+            # Unlinked while held (DuckDB's lock is on the open file): its close writes nothing back.
+            for stale in (path, path.with_name(path.name + ".wal")):
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
+    except (duckdb.Error, OSError):
+        return False
+    finally:
+        con.close()
+    return True
 
 
 def _remove_empty(path: Path) -> None:

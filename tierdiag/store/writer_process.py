@@ -251,6 +251,11 @@ class WriterProcess:
         self.stopped_again = False
         self._open_error: BaseException | None = None
         self._dead: StoreError | None = None
+        self._how = "stopped"  # how the writer died (`_died`), for the line
+        # The store file was not there (or empty) when the run was asked for: a file the writer
+        # made and died before putting a run in is this command's to remove (`_after_death`).
+        self._made_file = False
+        self._no_run_found = False  # the writer died, and the file holds no run of it (`_after_death`)
         self._proc: subprocess.Popen | None = None
 
     @classmethod
@@ -291,6 +296,10 @@ class WriterProcess:
         self.db_path = Path(db_path)
         self.run_id = run_id
         self.name = name or Path(trace_path).stem
+        try:
+            self._made_file = not (self.db_path.is_file() and self.db_path.stat().st_size > 0)
+        except OSError:  # a name the system refuses: the writer says so (open_failed)
+            self._made_file = False
         if kwargs.get("command_line") is None:
             kwargs["command_line"] = list(sys.argv)  # this process's, not the writer's
         kwargs.setdefault("pid", os.getpid())
@@ -345,15 +354,46 @@ class WriterProcess:
                     pass
                 if self._dead is None:
                     return
+            if self.closed_as is not None:
+                return  # the writer had closed the run before it died (`_after_death`): kept as it is
             if status != "failed" or write_pending:
                 raise self._dead
-            from tierdiag.store.writer import close_run_row
+            self._after_death(status, error)
 
-            n = close_run_row(self.db_path, self.run_id, status, error)
-            if n is not None:
-                self.has_run = True
-                self.recorded = n
-                self.closed_as = status
+    def _after_death(self, status: str, error: str | None) -> None:
+        """The writer died before it answered the close: close its run as `status` from here,
+        with the request rows committed, unless it had closed the run already (its status
+        committed, then it died computing the evidence or answering): then the run is kept as it
+        closed it, every row with it, and the line says so. No run in the file: where this
+        command made the file, it is removed (only DuckDB's header or the schema are in it)."""
+        from tierdiag.store.writer import close_unclosed_run_row, remove_runless_store
+
+        where = self.db_path
+        held = close_unclosed_run_row(self.db_path, self.run_id, status, error)
+        if held is None:
+            self._no_run_found = True
+            said = "nothing was recorded"
+            if self._made_file:
+                removed = remove_runless_store(self.db_path)
+                if removed:
+                    said += f"; {where}, which it had begun, was removed"
+                elif removed is False:
+                    said += f"; {where}, which it had begun, was left with no run in it"
+            self._dead.hint = said
+            return
+        self.has_run = True
+        self.recorded = held.requests
+        self.closed_as = held.status
+        if held.status != status:
+            self._dead.message = (f"the writer process of {where} (pid {self.pid}) {self._how} after it had closed the run"
+                                  + ("" if held.evidence else
+                                     ", before its evidence was stored: readers compute it from the rows"))
+
+    @property
+    def no_run(self) -> bool:
+        """Known to have recorded no run: the writer refused the store, or died and the file
+        holds no run of it (not merely not told yet: `has_run`)."""
+        return self._open_error is not None or self._no_run_found
 
     def _answered(self) -> bool:
         return self.closed_as is not None or self._dead is not None or self._open_error is not None
@@ -483,6 +523,7 @@ class WriterProcess:
             elif code is not None:
                 how = f"exited with status {code}"
         where = self.db_path if self.db_path is not None else "the store"
+        self._how = how
         self._dead = StoreError(f"the writer process of {where} (pid {self.pid}) {how} before the run was closed")
 
 
