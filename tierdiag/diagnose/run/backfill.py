@@ -47,14 +47,15 @@ STORE_WAIT_S = 1.0
 
 # (store path, run id) -> the evidence's JSON text, to store once the command's answer is out.
 _PENDING: dict[tuple[str, str], str] = {}
-# connection -> {run id: StoredEvidence}: one computation a run for every RunFacts of a command.
+# connection -> {run id: the sections}: one computation a run for every RunFacts of a command.
 _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def computed_evidence(con: duckdb.DuckDBPyConnection, run):
+def computed_sections(con: duckdb.DuckDBPyConnection, run) -> dict | None:
     """For RunFacts, where no current row is stored: the run's whole evidence computed now (and
-    queued for `store_pending`) as a StoredEvidence, where it can be stored (module doc); else
-    None (the reader computes the sections it needs, as before)."""
+    queued for `store_pending`), as the sections a stored row's JSON reads back as (facts.py
+    `StoredEvidence` takes them), where it can be stored (module doc); else None (the reader
+    computes the sections it needs, as before)."""
     from tierdiag.diagnose.read.kind import view_of
 
     if not view_of(run).engine_parts:
@@ -69,17 +70,15 @@ def computed_evidence(con: duckdb.DuckDBPyConnection, run):
     if path is None:
         return None
     from tierdiag.diagnose.run.evidence import compute_evidence, evidence_json
-    from tierdiag.diagnose.run.facts import StoredEvidence
 
     try:
         sections = compute_evidence(con, run)
     except Exception:  # noqa: BLE001 - the reader computes what it needs instead, and says what that raises
         return None
     text = evidence_json(sections)
-    stored = StoredEvidence(json.loads(text))
-    made[run.run_id] = stored
+    made[run.run_id] = read_back = json.loads(text)
     _PENDING[(path, run.run_id)] = text
-    return stored
+    return read_back
 
 
 def _storable_path(con: duckdb.DuckDBPyConnection, run) -> str | None:
@@ -111,7 +110,7 @@ def pending() -> list[tuple[str, str]]:
 
 
 def store_pending() -> list[str]:
-    """Store what this process's readers computed (`computed_evidence`), each in one transaction
+    """Store what this process's readers computed (`computed_sections`), each in one transaction
     of its own, once every connection of the command is closed (cli/exits.py, after the answer).
     Returns the run ids stored. Not stored, silently: the store held by another process past
     STORE_WAIT_S, or by a connection of this one; any other failure is one warning line; an

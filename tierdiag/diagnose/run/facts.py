@@ -152,9 +152,10 @@ class RunFacts:
             # None stored (a close cut short, a failed one, an older tierdiag's row): the whole
             # evidence computed once, answered from and stored after the answer, where this
             # reader can write the store (backfill.py); else each fact computed as asked for.
-            from tierdiag.diagnose.run.backfill import computed_evidence
+            from tierdiag.diagnose.run.backfill import computed_sections
 
-            self.stored = computed_evidence(con, run)
+            sections = computed_sections(con, run)
+            self.stored = StoredEvidence(sections) if sections is not None else None
         self._computed: dict = {}
 
     def _fact(self, stored, key, compute):
