@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from tests.diagnose.conftest import RunBuilder, plant_scenarios
 from tests.support.cli import tierdiag_in_process
+from tests.support.evidence_rows import evidence_rows as _rows
 from tierdiag.diagnose.run import backfill as B
 from tierdiag.diagnose.run import evidence as E
 from tierdiag.diagnose.run import stored as S
@@ -35,15 +36,6 @@ pytest.importorskip("tierdiag.cli.replay")
 def _sql(db: Path, sql: str, params=None) -> list:
     with duckdb.connect(str(db)) as con:
         return con.execute(sql, params or []).fetchall()
-
-
-def _rows(db: Path, run_id: str) -> tuple[list, list]:
-    """(run_evidence's (version, json) rows, request_lookup's rows) of the run."""
-    with duckdb.connect(str(db), read_only=True) as con:
-        ev = con.execute("SELECT evidence_version, evidence_json FROM run_evidence WHERE run_id = ?", [run_id]).fetchall()
-        lk = con.execute("SELECT bucket, req_id, seq FROM request_lookup WHERE run_id = ? ORDER BY ALL",
-                         [run_id]).fetchall()
-    return ev, lk
 
 
 def _drop(db: Path, run_id: str) -> None:

@@ -22,6 +22,7 @@ import pytest
 
 from harness import cli_env, sql, synth_and_store, wait_for_recorded_rows
 from test_signals import CODE, ENGINE
+from tests.support.evidence_rows import evidence_rows as _rows
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
 
@@ -48,14 +49,6 @@ def _reader(db: Path, run_id: str, *args: str, prelude: str = "") -> subprocess.
     return subprocess.Popen([sys.executable, "-c", prelude + CLI, *args, "--db", str(db), "--run", run_id],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
                             start_new_session=True)
-
-
-def _rows(db: Path, run_id: str) -> tuple[list, list]:
-    with duckdb.connect(str(db), read_only=True) as con:
-        ev = con.execute("SELECT evidence_version, evidence_json FROM run_evidence WHERE run_id = ?", [run_id]).fetchall()
-        lk = con.execute("SELECT bucket, req_id, seq FROM request_lookup WHERE run_id = ? ORDER BY ALL",
-                         [run_id]).fetchall()
-    return ev, lk
 
 
 @pytest.fixture(scope="module")
