@@ -211,6 +211,23 @@ def test_a_run_without_a_final_status_is_never_stored(store, tmp_path, status):
     assert _rows(db, run_id) == ([], [])
 
 
+def test_the_writers_own_reads_are_left_as_they_were(store, tmp_path):
+    """The writer's close reads the summary back where its evidence failed (close.py
+    `closing_numbers`, on its read-write connection): computed as before, nothing queued."""
+    from tierdiag.diagnose.run.close import closing_numbers
+    from tierdiag.diagnose.run.facts import RunFacts
+    from tierdiag.store.reader import resolve_run
+
+    run_id = store["ids"]["one"]
+    db = tmp_path / "w.duckdb"
+    shutil.copy(store["db"], db)
+    _drop(db, run_id)
+    with duckdb.connect(str(db)) as con:
+        assert RunFacts(con, resolve_run(con, run_id)).stored is None
+        assert closing_numbers(con, run_id)["ttft_ns"] is not None
+    assert B.pending() == [] and _rows(db, run_id) == ([], [])
+
+
 def test_an_older_schema_store_is_not_written(store, tmp_path):
     from tierdiag.store.schema import SCHEMA_VERSION
 

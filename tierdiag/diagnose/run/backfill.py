@@ -24,7 +24,9 @@ is held by another process past STORE_WAIT_S (a replay writing, another reader),
 connection of this process still holds it. Never stored: a run whose stored status is not final
 (`running`, also a dead replay's, which readers take as interrupted: nothing says its writer is
 done), a `failed` run (its close stores none either), an observed run, a store of an older
-schema version (read through views: nothing is written to it). Another reader that stored the
+schema version (read through views: nothing is written to it), and a read-write connection's
+reads (the store's writer: its close reads the summary back where its evidence was not stored,
+close.py; that close is neither made longer nor retried here). Another reader that stored the
 same row first: nothing is written twice. The size curves are what the trace gives now, as for
 a close now: null where it is gone or changed (as a close stores them then; issue 41 session 38).
 
@@ -95,8 +97,10 @@ def _storable_path(con: duckdb.DuckDBPyConnection, run) -> str | None:
     except duckdb.Error:  # not a store this can tell (a cursor on another catalog): as before
         return None
     path = state.path
-    if (path is None or state.schema_version != SCHEMA_VERSION or state.stored_status not in CLOSED_WITH_EVIDENCE
-            or not os.path.isfile(path)):
+    # Read-write: the store's writer, whose close reads the summary back where its evidence was
+    # not stored (close.py `closing_numbers`): that close is not made longer nor retried here.
+    if (path is None or not state.read_only or state.schema_version != SCHEMA_VERSION
+            or state.stored_status not in CLOSED_WITH_EVIDENCE or not os.path.isfile(path)):
         return None
     folder = os.path.dirname(os.path.abspath(path))
     if not (os.access(path, os.R_OK | os.W_OK) and os.access(folder, os.W_OK | os.X_OK)):  # DuckDB's .wal beside it
