@@ -34,8 +34,9 @@ after the run's rows and status are committed, in a transaction of its own on th
 connection (the close opens and checkpoints the file once). A failure there is
 one warning line on stderr and nothing else: the run stays as it was closed, with all its rows,
 and the first reader that can write the store computes the evidence from the rows, with this
-module's `compute_evidence`, and stores it (backfill.py; until then each reader computes it). Observed runs (imported from
-a server) get none: their readers (diagnose/twin/observed.py) use none of it.
+module's `compute_evidence`, and stores it (backfill.py; until then each reader computes it).
+Observed runs (imported from a server) get none: their readers (diagnose/twin/observed.py) use
+none of it.
 
 This module computes and stores; it never reads the row back. Readers take it through
 facts.py (`RunFacts`: the one reader, with the one "stored, else computed" fallback), and only when its `evidence_version` is

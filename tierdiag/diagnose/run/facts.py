@@ -17,7 +17,9 @@ place that reads the row: "stored, else computed" is written here, once.
 
 Where no current row is there, the first reader that can write the store computes the whole
 evidence with the close's code, answers from it and stores it once its answer is out
-(backfill.py): the next reader reads the row. A row is not used (and the facts are computed) when: the store has no such table (written before
+(backfill.py): the next reader reads the row.
+
+A row is not used (and the facts are computed) when: the store has no such table (written before
 it), the run has none (still recording, failed, observed, closed by an older tierdiag), its
 evidence_version is not EVIDENCE_VERSION, it is not JSON, its `inputs` differ from the run's
 (a config edited since), or a section does not decode (a hand-edited row).
