@@ -198,7 +198,7 @@ def test_a_failure_storing_the_evidence_keeps_the_run_whole(tmp_path, monkeypatc
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line]
     assert len(lines) == 1 and lines[0].startswith("tierdiag: warning: run ") and "\x1b" not in lines[0], err
-    assert "recorded in full" in lines[0] and "compute it from the rows" in lines[0]
+    assert "recorded in full" in lines[0] and "computes it from the rows and stores it" in lines[0]
     monkeypatch.undo()
     with open_store(b.path) as con:
         run = _run(con)

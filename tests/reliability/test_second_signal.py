@@ -4,8 +4,8 @@ The close of a long interrupted run (its evidence: 18-146 s at 1M requests) used
 later signal, so `docker stop` or `timeout -k` killed it meanwhile. Now, with a writer process, a
 second signal that comes once the run's rows and its `interrupted` status are committed ends the
 command at once: one line, the first signal's exit code, the run kept as interrupted without its
-evidence (readers compute it from the rows), no process or temporary file left, the store
-usable by the next replay. One that comes before that point is ignored as before: nothing
+evidence (the first reader that can write the store computes and stores it: the close's row),
+no process or temporary file left, the store usable by the next replay. One that comes before that point is ignored as before: nothing
 recorded is lost.
 
 The writer process's close is held still where each case needs it (a test prelude in its entry,
@@ -23,11 +23,13 @@ import time
 import uuid
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from harness import Result, cli_env, good_lines, sql, synth_and_store, tierdiag_in_process, wait_for_recorded_rows, write_trace
 from test_signals import CODE, ENGINE, listed_runs
 from test_writer_process import MARK, assert_no_process_left
+from tierdiag.diagnose.run.evidence import record_run_evidence
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
 
@@ -136,11 +138,23 @@ def _stopped_again(r: Result, code: int, tmp_path: Path, db: Path, mark: str, tr
     run = _the_run(db, traces["earlier"])
     assert run["status"] == "interrupted" and f"{run['num_requests']:,} request" in line
     assert sql(db, "SELECT count(*) FROM run_evidence WHERE run_id = ?", [run["run_id"]]) == [(0,)]
-    # Readers work on it (computing what the evidence would have held), and the store takes
-    # the next replay (DuckDB's log of the status commit replayed by its next open).
+    # What the close would have stored for these rows (its own path, on a copy: the file and
+    # DuckDB's log of the status commit).
+    ref = tmp_path / "ref.duckdb"
+    for suffix in ("", ".wal"):
+        if Path(f"{db}{suffix}").exists():
+            shutil.copy(f"{db}{suffix}", f"{ref}{suffix}")
+    with duckdb.connect(str(ref)) as con:
+        assert record_run_evidence(ref, run["run_id"], con=con) is None
+    # Readers work on it: the first computes the evidence and stores it, the close's row byte
+    # for byte (diagnose/run/backfill.py); the store takes the next replay.
+    evidence = "SELECT evidence_version, evidence_json FROM run_evidence WHERE run_id = ?"
+    lookup = "SELECT bucket, req_id, seq FROM request_lookup WHERE run_id = ? ORDER BY ALL"
     for command in ("summary", "slow"):
         r = tierdiag_in_process(command, "--db", db, "--run", run["run_id"])
         assert r.code == 0, r.err
+        assert sql(db, evidence, [run["run_id"]]) == sql(ref, evidence, [run["run_id"]])
+        assert sql(db, lookup, [run["run_id"]]) == sql(ref, lookup, [run["run_id"]])
     assert tierdiag_in_process("replay", write_trace(tmp_path / "next.jsonl", good_lines(3)), "--db", db,
                                "--model", "tiny", "--gpu", "cpu", "--device-tokens", "4096").code == 0
     assert [r["status"] for r in listed_runs(db)] == ["complete", "interrupted", "complete"]

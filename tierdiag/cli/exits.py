@@ -244,6 +244,15 @@ def _escape_what_cannot_be_encoded() -> None:
             stream.reconfigure(errors="backslashreplace")
 
 
+def _store_what_readers_computed() -> None:
+    """Run evidence a command's reader computed because none was stored (diagnose/run/backfill.py),
+    stored now that the answer is out and the command has closed its store: the next reader
+    reads it. A command that computed none never imports the module."""
+    backfill = sys.modules.get("tierdiag.diagnose.run.backfill")
+    if backfill is not None and backfill.pending():
+        backfill.store_pending()
+
+
 def _run(build_app) -> None:
     debug = "--debug" in sys.argv[1:]
     _escape_what_cannot_be_encoded()
@@ -263,6 +272,7 @@ def _run(build_app) -> None:
         # it also turns a KeyboardInterrupt it sees into Exit(130), silently.
         if signals.received() is not None:
             _interrupted()
+        _store_what_readers_computed()
         if isinstance(result, int) and not isinstance(result, bool) and result:
             sys.exit(result)
     except RunInterrupted as exc:  # the command said what it kept

@@ -248,7 +248,7 @@ def _interrupted_line(exc) -> str:
         if getattr(exc, "stopped_again", False):
             # A second signal once the rows and status were committed (WriterProcess).
             line = line.replace("interrupted; ", "interrupted, then stopped again; ", 1)
-            line += "; its evidence was not stored (readers compute it from the rows)"
+            line += "; its evidence was not stored (the first reader that can write the store computes and stores it)"
         return line
     return "interrupted (nothing was being recorded)"
 

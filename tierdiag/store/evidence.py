@@ -52,6 +52,38 @@ def replace_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str, version: i
         raise
 
 
+# The statuses whose rows are final and whose close stores the evidence (store/writer.py's
+# `finish` hands them to the close hook): a reader stores a missing row only for these.
+CLOSED_WITH_EVIDENCE = ("complete", "interrupted")
+
+
+def store_missing_evidence(con: duckdb.DuckDBPyConnection, run_id: str, version: int, payload: str) -> bool:
+    """A reader's write of the evidence it computed for a run that had none stored (diagnose/run/
+    backfill.py): in one transaction on `con` (read-write), the run's row replaced by `payload`
+    and its rows of `request_lookup` written, as the close's `replace_run_evidence` does, where
+    the run is still there with a status in CLOSED_WITH_EVIDENCE and its row is not already this
+    one (another reader stored it first). False where nothing was written. Rolled back, and
+    raised, where it fails (an interrupt included): nothing of it is half-written."""
+    con.execute("BEGIN")
+    try:
+        status = con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchall()
+        have = []
+        if con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+                       "AND schema_name = 'main' AND table_name = ?", [TABLE]).fetchall()[0][0]:
+            have = con.execute(f"SELECT evidence_version, evidence_json FROM {TABLE} WHERE run_id = ?",
+                               [run_id]).fetchall()
+        if len(status) != 1 or status[0][0] not in CLOSED_WITH_EVIDENCE or have == [(version, payload)]:
+            con.execute("ROLLBACK")
+            return False
+        write_request_lookup(con, run_id)
+        _clear_row(con, run_id)
+    except BaseException:
+        rollback_run_evidence(con, run_id)
+        raise
+    replace_run_evidence(con, run_id, version, payload, begun=True)
+    return True
+
+
 def _clear_row(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     """The table made where the store lacks it, the run's row there deleted (in the caller's transaction)."""
     con.execute(create_table_sql(TABLE, OPTIONAL_TABLES[TABLE]))

@@ -387,7 +387,7 @@ class WriterProcess:
         if held.status != status:
             self._dead.message = (f"the writer process of {where} (pid {self.pid}) {self._how} after it had closed the run"
                                   + ("" if held.evidence else
-                                     ", before its evidence was stored: readers compute it from the rows"))
+                                     ", before its evidence was stored: the first reader that can write the store computes and stores it"))
 
     @property
     def no_run(self) -> bool:

@@ -150,6 +150,33 @@ def stored_evidence(con: duckdb.DuckDBPyConnection, run) -> tuple[int, str] | No
     return (found[0][0], found[0][1]) if len(found) == 1 else None
 
 
+class StoreState(NamedTuple):
+    """What a reader asks before it stores the evidence it computed (diagnose/run/backfill.py):
+    the file `con` reads (None: in memory), whether `con` opened it read-only (a reader's; the
+    writer's close reads through a read-write one), its schema version (None: not a number), and
+    the run's status as stored (not RunInfo's effective one: a dead replay's `running` row reads
+    `interrupted` there)."""
+    path: str | None
+    read_only: bool
+    schema_version: int | None
+    stored_status: str | None
+
+
+def store_state(con: duckdb.DuckDBPyConnection, run_id: str) -> StoreState:
+    """The StoreState of `con`'s store and run `run_id`."""
+    path = con.execute("SELECT path, readonly FROM duckdb_databases() WHERE database_name = current_database()"
+                       ).fetchall()
+    version = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+    status = con.execute("SELECT status FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    try:
+        number = int(version[0][0]) if len(version) == 1 else None
+    except (TypeError, ValueError):
+        number = None
+    return StoreState(path=path[0][0] if path and path[0][0] else None, read_only=bool(path and path[0][1]),
+                      schema_version=number,
+                      stored_status=status[0][0] if len(status) == 1 else None)
+
+
 class OutcomeRow(NamedTuple):
     """What a request got in one run (diagnose/comparison/upgrade.py): its split (NULL as 0), its TTFT where
     it finished, its input."""

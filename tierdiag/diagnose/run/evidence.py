@@ -33,8 +33,10 @@ or interrupted (store/writer.py `RunWriter.finish`: replays, sweep and advise wo
 after the run's rows and status are committed, in a transaction of its own on the writer's own
 connection (the close opens and checkpoints the file once). A failure there is
 one warning line on stderr and nothing else: the run stays as it was closed, with all its rows,
-and readers compute the evidence from the rows as they always did. Observed runs (imported from
-a server) get none: their readers (diagnose/twin/observed.py) use none of it.
+and the first reader that can write the store computes the evidence from the rows, with this
+module's `compute_evidence`, and stores it (backfill.py; until then each reader computes it).
+Observed runs (imported from a server) get none: their readers (diagnose/twin/observed.py) use
+none of it.
 
 This module computes and stores; it never reads the row back. Readers take it through
 facts.py (`RunFacts`: the one reader, with the one "stored, else computed" fallback), and only when its `evidence_version` is
@@ -450,7 +452,7 @@ def record_run_evidence(db_path, run_id: str, *, con: duckdb.DuckDBPyConnection 
         line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in (text.splitlines()[0] if text else ""))
         why = f"{type(exc).__name__}: {line[:200]}" if line else type(exc).__name__
         msg = (f"run {run_id} is recorded in full, but its run evidence was not stored ({why}); "
-               "summary and explain compute it from the rows instead")
+               "the first reader that can write the store computes it from the rows and stores it")
         sys.stderr.write(f"tierdiag: warning: {msg}\n")
         sys.stderr.flush()
         return msg

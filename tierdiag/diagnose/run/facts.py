@@ -15,6 +15,10 @@ stored.py is its format) where that row is there and current, else computed from
 (with the same result: tests/diagnose/test_evidence.py), once per `RunFacts`. This is the only
 place that reads the row: "stored, else computed" is written here, once.
 
+Where no current row is there, the first reader that can write the store computes the whole
+evidence with the close's code, answers from it and stores it once its answer is out
+(backfill.py): the next reader reads the row.
+
 A row is not used (and the facts are computed) when: the store has no such table (written before
 it), the run has none (still recording, failed, observed, closed by an older tierdiag), its
 evidence_version is not EVIDENCE_VERSION, it is not JSON, its `inputs` differ from the run's
@@ -146,6 +150,14 @@ class RunFacts:
         self._con = con
         self.run = run
         self.stored = stored_evidence(con, run)
+        if self.stored is None:
+            # None stored (a close cut short, a failed one, an older tierdiag's row): the whole
+            # evidence computed once, answered from and stored after the answer, where this
+            # reader can write the store (backfill.py); else each fact computed as asked for.
+            from tierdiag.diagnose.run.backfill import computed_sections
+
+            sections = computed_sections(con, run)
+            self.stored = StoredEvidence(sections) if sections is not None else None
         self._computed: dict = {}
 
     def _fact(self, stored, key, compute):
