@@ -472,6 +472,27 @@ def test_the_compiled_blame_declines_what_it_does_not_take():
     assert blame_py(cached, demoted, [1, 2, 5, big, 9], None, 16) == 4
 
 
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), attribute=st.booleans())
+def test_the_compiled_blame_declines_a_negative_key_anywhere_and_changes_nothing(data, attribute):
+    """The negative key's test sits inside blame's one pass (session 38: no pass of its own
+    first): wherever the key is (first, last, after keys past both maps, after once-cached keys
+    whose evictions it would add), with `lost` a dict or None, the call declines (-1) and `lost`
+    is as it was; the same keys without it are counted as the reference counts them."""
+    cached, demoted = _page_maps({k: k % 4 for k in range(0, 300, 3)}, {k: 1 + k % 2 for k in range(0, 300, 5)})
+    keys = data.draw(st.lists(st.one_of(st.integers(0, 320), st.integers(1 << 20, (1 << 63) - 1)), max_size=60))
+    at = data.draw(st.integers(0, len(keys)))
+    bad = data.draw(st.sampled_from([-1, -2, -64, -65, -(1 << 63)]))
+    prior = {7: 3}
+    lost = dict(prior) if attribute else None
+    assert cplane.C.blame(cached, demoted, keys[:at] + [bad] + keys[at:], lost, 16) == -1
+    assert lost == (prior if attribute else None)
+    lost_py = dict(prior) if attribute else None
+    assert cplane.C.blame(cached, demoted, keys, lost, 16) == pagemap.blame_py(cached, demoted, keys, lost_py, 16)
+    assert lost == lost_py and (lost is None or list(lost.items()) == list(lost_py.items()))
+
+
 _HOSTILE_KEYS = st.one_of(st.integers(0, 1 << 14), st.integers(1 << 20, 3 << 20),
                           st.integers(pagemap.DENSE_LIMIT - 3, pagemap.DENSE_LIMIT + 3),
                           st.integers(pagemap.DENSE_LIMIT, (1 << 63) - 1), st.integers(-(1 << 63), -1))
