@@ -17,6 +17,7 @@ from typing import Any, Callable, Final, Optional
 from librt.vecs import append, extend, vec
 from mypy_extensions import i64
 
+from tierdiag.config.names import EvictionAction, Tier
 from tierdiag.probes import events as ev
 
 Emit = Optional[Callable[[tuple], None]]
@@ -114,6 +115,7 @@ class Columns:
     counter: vec[i64]
     dictionary: list[object]
     recent: vec[i64]
+    words_at: i64
 
     def __init__(self, rows: Any, counter: vec[i64]) -> None:
         self.rows = rows
@@ -129,6 +131,7 @@ class Columns:
 
     def _codes_empty(self) -> None:
         self.dictionary = []
+        self.words_at = -1  # where `_words_code` put the subclass's fixed words in `dictionary` (-1: not yet)
         # a kept value's id and its code side by side, a slot each (id 0: none; no object is at 0)
         self.recent = vec[i64]([0] * (2 * _RECENT * len(self._layout()[4])))
 
@@ -154,6 +157,18 @@ class Columns:
         recent[i] = key
         recent[i + 1] = code
         return code
+
+    def _words_code(self, words: tuple[object, ...]) -> i64:
+        """Where `words` (a subclass's fixed values of its coded columns, known by their place in
+        it: `EvictionColumns.add_keyed`) start in this hand-over's `dictionary`: appended once,
+        at the first row that uses them, after whatever `_code` appended before (their codes and
+        `_code`'s never mix up: `_code` finds only the values it appended)."""
+        at = self.words_at
+        if at < 0:
+            at = len(self.dictionary)
+            self.dictionary.extend(words)
+            self.words_at = at
+        return at
 
     def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple, tuple[str, ...]]:
         """The subclass's columns: (int columns, in `block`'s rows in this order; object columns,
@@ -259,6 +274,12 @@ EVICTION_OBJECT_COLUMNS: Final = (
     "tier", "action", "cause_req_id", "owner_req_id",)
 EVICTION_CODED: Final = ("tier", "action")
 EVICTION_CONSTANTS: Final = ()
+# An eviction's tier and action by its EngineStats key (controller.EVICTION_KEYS, in this order:
+# device/demote, device/drop, host/delete, host/free_duplicate, storage/delete): the tier is
+# EVICTION_WORDS[key >> 1], the action EVICTION_WORDS[3 + key] (key 4: [3 + 2], delete)
+EVICTION_WORDS: Final[tuple[object, ...]] = (
+    Tier.DEVICE, Tier.HOST, Tier.STORAGE, EvictionAction.DEMOTE, EvictionAction.DROP, EvictionAction.DELETE,
+    EvictionAction.FREE_DUPLICATE)
 
 POOL_SAMPLE_INT_COLUMNS: Final = (
     "t_ns", "used_tokens", "capacity_tokens", "locked_tokens", "dp_rank",)
@@ -412,6 +433,40 @@ class EvictionColumns(Columns):
         b[p + 9] = dp_rank
         b[p + 10] = self._code(0, tier)
         b[p + 11] = self._code(4, action)
+        self.o_cause_req_id[k] = cause_req_id
+        self.o_owner_req_id[k] = owner_req_id
+        self.n = k + 1
+        self.counter[0] += 1
+
+    def add_keyed(self,
+            eviction_id: i64, t_ns: i64, key: i64, node_id: i64, tokens: i64, cause_req_id: object,
+            owner_req_id: object, pool_used_tokens: i64, pool_capacity_tokens: i64, locked_tokens: i64,
+            node_hit_count: i64, node_last_access_ns: i64, dp_rank: i64) -> None:
+        """`add`'s row with its tier and action given by the eviction's EngineStats key (0-4,
+        EVICTION_WORDS), the engine's own rows (CacheController.record_eviction): the two codes
+        by place in the hand-over's fixed words, not found by `_code` (two calls a row, ~150
+        instructions; issue 41, session 38). The same values as `add` given the key's tier and
+        action; a key outside 0-4 is a ValueError and no row."""
+        if key < 0 or key > 4:
+            raise ValueError(f"an eviction's key is 0-4, not {key}")
+        k = self.n
+        if k == self.cap:
+            self._room()
+        at = self._words_code(EVICTION_WORDS)
+        b = self.block
+        p: i64 = k * 12
+        b[p] = eviction_id
+        b[p + 1] = t_ns
+        b[p + 2] = node_id
+        b[p + 3] = tokens
+        b[p + 4] = pool_used_tokens
+        b[p + 5] = pool_capacity_tokens
+        b[p + 6] = locked_tokens
+        b[p + 7] = node_hit_count
+        b[p + 8] = node_last_access_ns
+        b[p + 9] = dp_rank
+        b[p + 10] = at + (key >> 1)
+        b[p + 11] = at + 3 + (key if key < 4 else 2)
         self.o_cause_req_id[k] = cause_req_id
         self.o_owner_req_id[k] = owner_req_id
         self.n = k + 1
