@@ -98,8 +98,9 @@ class Columns:
     its Arrow strings from the codes in numpy (issue 41, session 28).
 
     `take()` hands the lot over as one dict, and the buffer is empty again: {"n": column rows,
-    "ints": (int column names then coded ones, their values as int64 bytes row after row, the
-    machine's order), "coded": (coded column names, dictionary), "objects": {column: list},
+    "ints": (int column names then coded ones, their values as int64s row after row, the
+    machine's order: a read-only memoryview of the block's bytes, valid until the next row is
+    written), "coded": (coded column names, dictionary), "objects": {column: list},
     "constants": ((column, value), ...), "tuples": ((columns, list of tuples), ...), "at": int64
     bytes (each other row's place), "rows": the other rows as the recorder's buffer takes them},
     which store/columns.py's `table_columns` turns into the table's Arrow columns and
@@ -224,7 +225,12 @@ class Columns:
             column: list = getattr(self, attr)
             del column[n:]
             taken[attr] = column
-        out = {"n": n, "ints": (ints + coded, memoryview(self.block)[:n * self.width].tobytes()),
+        # the ints as a view of the block itself, not a copy (the block's rows, ~15 MB of a
+        # conversation replay, were copied into a bytes a hand-over: issue 41, session 38): a rows
+        # sink is done with what it is handed when it returns (probes/recorder.py), and no row
+        # is written into the block before then (the next rows overwrite it in place)
+        # (as unsigned bytes: array.frombytes and a bytes-like argument take no other format)
+        out = {"n": n, "ints": (ints + coded, memoryview(self.block).cast("B")[:8 * n * self.width]),
                "coded": (coded, self.dictionary),
                "objects": {name: taken["o_" + name] for name in objects}, "constants": constants,
                "tuples": tuple((fields, taken[attr]) for fields, attr in tuples),

@@ -187,7 +187,9 @@ class Recorder(Probe):
         """`sink` takes columns; `rows_sink` (instead) takes each table's rows as buffered,
         {table: (field names, rows)}, rows a list of tuples or RowBuffer.take()'s encoding
         (`columns_of` makes either columns), and must be done with them when it returns (the
-        lists are cleared then): the store's writer process makes the columns on its own core."""
+        lists are cleared then, and a columnar buffer's int block, handed over as a view of
+        itself, is written over by the next rows): the store's writer process makes the columns
+        on its own core."""
         super().__init__()
         if (sink is None) == (rows_sink is None):
             raise TypeError("Recorder takes one of sink and rows_sink")
