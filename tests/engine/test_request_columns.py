@@ -370,11 +370,18 @@ def test_the_emitters_adopt_one_buffer_a_probe_and_its_append_is_the_record_emit
         buf = rec._pending[event]
         assert isinstance(buf, cls) and getattr(first, attr) is buf is getattr(second, attr)
         assert getattr(first, kind) == buf.append
+    # a request's lost rows in one call: the lost table's row buffer's append_pairs (compiled plane)
+    lost_buf = rec._pending[ev.PrefixLostPages]
+    if cplane.C is not None:
+        assert first.lost == lost_buf.append and first.lost_pairs == lost_buf.append_pairs
+    else:
+        assert first.lost_pairs is None
+    assert rec.pairs_emitter(ev.Eviction) is None  # (no table of three columns)
     column_sink = Recorder(lambda tables: None)
     for probe in (column_sink, None):
         made = emitters.Emitters(probe)
         assert (made.request_columns, made.eviction_columns, made.pool_sample_columns, made.batch_columns,
-                made.transfer_columns) == (None,) * 5
+                made.transfer_columns, made.lost_pairs) == (None,) * 6
 
 
 def test_the_writers_arrow_columns_are_zero_copy_int64_for_bigint_columns():

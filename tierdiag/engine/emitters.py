@@ -57,6 +57,12 @@ class Emitters:
         self.pool_sample: Emit = _of(probe, "pool_sample")
         self.record: Emit = _of(probe, "record")
         self.decode_step: Emit = _of(probe, "decode_step")
+        # The `lost` events of a request in one call, (req_id, its `lost` dict): the recorder's
+        # compiled row buffer's `append_pairs` (a row a pair, no tuple built and no int boxed a
+        # row: issue 41, session 38); None where the probe has none (then `lost` a row at a time)
+        pairs = getattr(probe, "pairs_emitter", None) if self.lost is not None else None
+        self.lost_pairs: Optional[Callable[[object, dict], None]] = (None if pairs is None
+                                                                     else pairs(ev.EMITTED["lost"]))
         self.tick: Optional[Callable[[], None]] = getattr(probe, "tick", None)
         # The request record by name (issue 38): `emit.request(req_id=..., seq=..., ...)`, every
         # field a keyword (those RequestRecord gives a default may be left out); None where no

@@ -244,6 +244,15 @@ class Recorder(Probe):
         and a Python function an event costs as much again)."""
         return self._pending[cls].append
 
+    def pairs_emitter(self, cls):
+        """For a table of 3 columns, the buffer's `append_pairs(first, pairs)` (the compiled
+        RowBuffer's: a row (first, key, value) for each item of the dict `pairs`, in its order, as
+        `emitter(cls)` appending each as a tuple would), or None where the buffer has none (a
+        list: the numpy data plane or a columns `sink`) or the table is no such table."""
+        if len(cls._fields) != 3 or cls not in self._pending:
+            return None
+        return getattr(self._pending[cls], "append_pairs", None)
+
     @property
     def buffered_rows(self) -> int:
         return sum(map(len, self._buffers))
