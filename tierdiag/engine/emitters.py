@@ -428,27 +428,9 @@ class EvictionColumns(Columns):
             cause_req_id: object, owner_req_id: object, pool_used_tokens: i64, pool_capacity_tokens: i64,
             locked_tokens: i64, node_hit_count: i64, node_last_access_ns: i64, dp_rank: i64) -> None:
         """One row, its columns by keyword (`Columns`: its ints by place in `block`, a row kept whole or not at all)."""
-        k = self.n
-        if k == self.cap:
-            self._room()
-        b = self.block
-        p: i64 = k * 12
-        b[p] = eviction_id
-        b[p + 1] = t_ns
-        b[p + 2] = node_id
-        b[p + 3] = tokens
-        b[p + 4] = pool_used_tokens
-        b[p + 5] = pool_capacity_tokens
-        b[p + 6] = locked_tokens
-        b[p + 7] = node_hit_count
-        b[p + 8] = node_last_access_ns
-        b[p + 9] = dp_rank
-        b[p + 10] = self._code(0, tier)
-        b[p + 11] = self._code(4, action)
-        self.o_cause_req_id[k] = cause_req_id
-        self.o_owner_req_id[k] = owner_req_id
-        self.n = k + 1
-        self.counter[0] += 1
+        self._row(eviction_id, t_ns, self._code(0, tier), self._code(4, action), node_id, tokens, cause_req_id,
+                  owner_req_id, pool_used_tokens, pool_capacity_tokens, locked_tokens, node_hit_count,
+                  node_last_access_ns, dp_rank)
 
     def add_keyed(self,
             eviction_id: i64, t_ns: i64, key: i64, node_id: i64, tokens: i64, cause_req_id: object,
@@ -461,10 +443,19 @@ class EvictionColumns(Columns):
         action; a key outside 0-4 is a ValueError and no row."""
         if key < 0 or key > 4:
             raise ValueError(f"an eviction's key is 0-4, not {key}")
+        at = self._words_code(EVICTION_WORDS)
+        self._row(eviction_id, t_ns, at + (key >> 1), at + 3 + (key if key < 4 else 2), node_id, tokens,
+                  cause_req_id, owner_req_id, pool_used_tokens, pool_capacity_tokens, locked_tokens, node_hit_count,
+                  node_last_access_ns, dp_rank)
+
+    def _row(self,
+            eviction_id: i64, t_ns: i64, tier_code: i64, action_code: i64, node_id: i64, tokens: i64,
+            cause_req_id: object, owner_req_id: object, pool_used_tokens: i64, pool_capacity_tokens: i64,
+            locked_tokens: i64, node_hit_count: i64, node_last_access_ns: i64, dp_rank: i64) -> None:
+        """`add`'s and `add_keyed`'s row, its tier and action as their codes."""
         k = self.n
         if k == self.cap:
             self._room()
-        at = self._words_code(EVICTION_WORDS)
         b = self.block
         p: i64 = k * 12
         b[p] = eviction_id
@@ -477,8 +468,8 @@ class EvictionColumns(Columns):
         b[p + 7] = node_hit_count
         b[p + 8] = node_last_access_ns
         b[p + 9] = dp_rank
-        b[p + 10] = at + (key >> 1)
-        b[p + 11] = at + 3 + (key if key < 4 else 2)
+        b[p + 10] = tier_code
+        b[p + 11] = action_code
         self.o_cause_req_id[k] = cause_req_id
         self.o_owner_req_id[k] = owner_req_id
         self.n = k + 1

@@ -124,6 +124,18 @@ map_slot(const int32_t *top, const int32_t *leaves, int64_t k)
     return leaves[((int64_t)top[k >> LEAF_SHIFT] << LEAF_SHIFT) | (k & LEAF_LOW)];
 }
 
+/* A key's value (0 <= k < the map's slots), its leaf found again only where k's range is not the
+ * last one read (*last, and *at: the leaf's first slot less the range's first key). */
+static inline int32_t
+map_read_near(const int32_t *top, const int32_t *leaves, int64_t k, int64_t *last, int64_t *at)
+{
+    if (k >> LEAF_SHIFT != *last) {
+        *last = k >> LEAF_SHIFT;
+        *at = ((int64_t)top[*last] - *last) << LEAF_SHIFT;
+    }
+    return ~leaves[*at + k];
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* map_set(map, keys, value) -> 0, or -1                                                       */
 
@@ -427,70 +439,46 @@ cp_blame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
     }
-    if (took == NULL) {
-        for (i = 0; i < n; i++) {
-            const int64_t k = keys.v[i];
-            if ((uint64_t)k >= (uint64_t)nc) {
-                if (k < 0) {
-                    out = not_mine();
-                    goto done;
-                }
-                continue;
-            }
-            if (k >> LEAF_SHIFT != last) {
-                last = k >> LEAF_SHIFT;
-                at = ((int64_t)ctop[last] - last) << LEAF_SHIFT;
-            }
-            found += ~cleaves[at + k] >= 0;
-        }
-    } else {
-        /* One pass for both: a once-cached page's demotion read as it is found (its leaf kept
-         * as the cached map's is), not a second pass over the keys and the cached map (issue
-         * 41, session 38: the second pass was ~+29 M instructions of a probed conversation
-         * replay). The demotions land in key order after the evictions: the same sequence. */
-        int32_t *dtook = took + n;
-        Py_ssize_t ndtook = 0;
-        int64_t dlast = -1, dat = 0;
-        for (i = 0; i < n; i++) {
-            const int64_t k = keys.v[i];
-            if ((uint64_t)k >= (uint64_t)nc) {
-                if (k < 0) {
-                    out = not_mine();
-                    goto done;
-                }
-                continue;
-            }
-            if (k >> LEAF_SHIFT != last) {
-                last = k >> LEAF_SHIFT;
-                at = ((int64_t)ctop[last] - last) << LEAF_SHIFT;
-            }
-            const int32_t e = ~cleaves[at + k];
-            if (e < 0) {
-                continue;
-            }
-            found++;
-            if (e > 0) {
-                took[ntook++] = e;
-            }
-            if (k < nd) {
-                if (k >> LEAF_SHIFT != dlast) {
-                    dlast = k >> LEAF_SHIFT;
-                    dat = ((int64_t)dtop[dlast] - dlast) << LEAF_SHIFT;
-                }
-                const int32_t d = ~dleaves[dat + k];
-                if (d > 0) {
-                    dtook[ndtook++] = d;
-                }
-            }
-        }
-        if (found) {
-            memmove(took + ntook, dtook, (size_t)ndtook * sizeof(int32_t));
-            ntook += ndtook;
-            /* One sequence, as pagemap.blame's Python path counts it (a run across the two
-             * parts adds up the same). */
-            if (blame_runs(lost, took, ntook, ps) < 0) {
+    /* One pass: with a lost dict, a once-cached page's demotion is read as it is found (its leaf
+     * kept as the cached map's is), not in a second pass over the keys and the cached map (issue
+     * 41, session 38); the demotions land in key order after the evictions: the same sequence. */
+    int32_t *dtook = took == NULL ? NULL : took + n;
+    Py_ssize_t ndtook = 0;
+    int64_t dlast = -1, dat = 0;
+    for (i = 0; i < n; i++) {
+        const int64_t k = keys.v[i];
+        if ((uint64_t)k >= (uint64_t)nc) {
+            if (k < 0) {
+                out = not_mine();
                 goto done;
             }
+            continue;
+        }
+        const int32_t e = map_read_near(ctop, cleaves, k, &last, &at);
+        if (e < 0) {
+            continue;
+        }
+        found++;
+        if (took == NULL) {
+            continue;
+        }
+        if (e > 0) {
+            took[ntook++] = e;
+        }
+        if (k < nd) {
+            const int32_t d = map_read_near(dtop, dleaves, k, &dlast, &dat);
+            if (d > 0) {
+                dtook[ndtook++] = d;
+            }
+        }
+    }
+    if (took != NULL && found) {
+        memmove(took + ntook, dtook, (size_t)ndtook * sizeof(int32_t));
+        ntook += ndtook;
+        /* One sequence, as pagemap.blame's Python path counts it (a run across the two parts
+         * adds up the same). */
+        if (blame_runs(lost, took, ntook, ps) < 0) {
+            goto done;
         }
     }
     out = PyLong_FromSsize_t(found);
