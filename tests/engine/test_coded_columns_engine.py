@@ -186,3 +186,89 @@ def test_the_codes_are_the_scans_whatever_slot_was_hit_last(module, runs, takes)
             _add(cols, i, _POOL[t], _POOL[a], None, None)
             i += 1
     took()
+
+
+def _add_keyed(cols, i: int, key: int, cause, owner) -> tuple:
+    """The engine's own eviction row (CacheController.record_eviction): tier and action by the
+    EngineStats key; the row it stands for, with the key's tier and action as values."""
+    from tierdiag.engine.controller import EVICTION_KEYS
+
+    kw = dict(eviction_id=i, t_ns=i * 10, key=key, node_id=i, tokens=16, cause_req_id=cause, owner_req_id=owner,
+              pool_used_tokens=1, pool_capacity_tokens=2, locked_tokens=0, node_hit_count=3, node_last_access_ns=4,
+              dp_rank=0)
+    cols.add_keyed(**kw)
+    tier, action = EVICTION_KEYS[key].split("/")
+    row = {**kw, "tier": tier, "action": action}
+    return tuple(row[f] for f in FIELDS)
+
+
+def test_the_keyed_words_are_the_controllers_keys_split():
+    """`add_keyed`'s codes by place (tier EVICTION_WORDS[key >> 1], action [3 + key], key 4's
+    [5]) say each of controller.EVICTION_KEYS' `tier/action`, the very members the controller
+    records (the values the DB stores: equal text, the same StrEnum members)."""
+    from tierdiag.engine import controller
+
+    words = emitters.EVICTION_WORDS
+    assert len(controller.EVICTION_KEYS) == 5
+    for key, name in enumerate(controller.EVICTION_KEYS):
+        tier, action = words[key >> 1], words[3 + (key if key < 4 else 2)]
+        assert f"{tier}/{action}" == name
+    assert words[:2] == (controller._DEVICE, controller._HOST) and words[3:] == (
+        controller._DEMOTE, controller._DROP, controller._DELETE, controller._FREE_DUPLICATE)
+    assert all(type(w) in (Tier, EvictionAction) for w in words)
+
+
+@pytest.mark.parametrize("module", MODULES)
+@given(data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_keyed_rows_and_coded_rows_interleaved_come_back_as_appended(module, data):
+    """`add_keyed` (the codes by place in the fixed words, appended once a hand-over at its first
+    row) and `add` (the codes `_code` finds) in any order, takes between: every row's tier and
+    action, through columns_of and table_columns, are the ones appended; the words go into a
+    hand-over's dictionary once, only where a keyed row is in it."""
+    cols = module.EvictionColumns([], _counter())
+    pick = st.sampled_from(range(len(_POOL)))
+    ops = data.draw(st.lists(st.one_of(st.tuples(st.just("coded"), st.tuples(pick, pick, pick, pick)),
+                                       st.tuples(st.just("keyed"), st.tuples(st.integers(0, 4), pick, pick)),
+                                       st.just(("take", None))), max_size=40))
+    want: list[tuple] = []
+    keyed = False
+    for i, (op, arg) in enumerate(ops + [("take", None)]):
+        if op == "take":
+            hand = cols.take()
+            dictionary, words = hand["coded"][1], emitters.EVICTION_WORDS
+            runs = [i for i in range(len(dictionary) - len(words) + 1)
+                    if all(d is w for d, w in zip(dictionary[i:i + len(words)], words))]
+            assert len(runs) == (1 if keyed else 0)
+            _check(hand, want)
+            want, keyed = [], False
+        elif op == "coded":
+            want.append(_add(cols, i, *(_POOL[k] for k in arg)))
+        else:
+            key, cause, owner = arg
+            want.append(_add_keyed(cols, i, key, _POOL[cause], _POOL[owner]))
+            keyed = True
+
+
+@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize("key", [-1, 5, 6, 2**62, -(2**63), 2**63 - 1])
+def test_a_key_outside_the_five_is_refused_and_no_row_kept(module, key):
+    cols = module.EvictionColumns([], _counter())
+    want = [_add_keyed(cols, 0, 2, "r-1", None)]
+    with pytest.raises(ValueError, match="0-4"):
+        cols.add_keyed(eviction_id=1, t_ns=1, key=key, node_id=1, tokens=16, cause_req_id=None, owner_req_id=None,
+                       pool_used_tokens=1, pool_capacity_tokens=2, locked_tokens=0, node_hit_count=3,
+                       node_last_access_ns=4, dp_rank=0)
+    assert len(cols) == 1 and cols.counter[0] == 1
+    _check(cols.take(), want)
+
+
+@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize("key", [2**63, -(2**63) - 1, "2", 2.0, None])
+def test_a_key_that_is_no_int64_is_refused_and_no_row_kept(module, key):
+    cols = module.EvictionColumns([], _counter())
+    with pytest.raises((OverflowError, TypeError, ValueError)):
+        cols.add_keyed(eviction_id=1, t_ns=1, key=key, node_id=1, tokens=16, cause_req_id=None, owner_req_id=None,
+                       pool_used_tokens=1, pool_capacity_tokens=2, locked_tokens=0, node_hit_count=3,
+                       node_last_access_ns=4, dp_rank=0)
+    assert len(cols) == 0 and cols.take()["n"] == 0

@@ -472,6 +472,27 @@ def test_the_compiled_blame_declines_what_it_does_not_take():
     assert blame_py(cached, demoted, [1, 2, 5, big, 9], None, 16) == 4
 
 
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), attribute=st.booleans())
+def test_the_compiled_blame_declines_a_negative_key_anywhere_and_changes_nothing(data, attribute):
+    """The negative key's test sits inside blame's one pass (session 38: no pass of its own
+    first): wherever the key is (first, last, after keys past both maps, after once-cached keys
+    whose evictions it would add), with `lost` a dict or None, the call declines (-1) and `lost`
+    is as it was; the same keys without it are counted as the reference counts them."""
+    cached, demoted = _page_maps({k: k % 4 for k in range(0, 300, 3)}, {k: 1 + k % 2 for k in range(0, 300, 5)})
+    keys = data.draw(st.lists(st.one_of(st.integers(0, 320), st.integers(1 << 20, (1 << 63) - 1)), max_size=60))
+    at = data.draw(st.integers(0, len(keys)))
+    bad = data.draw(st.sampled_from([-1, -2, -64, -65, -(1 << 63)]))
+    prior = {7: 3}
+    lost = dict(prior) if attribute else None
+    assert cplane.C.blame(cached, demoted, keys[:at] + [bad] + keys[at:], lost, 16) == -1
+    assert lost == (prior if attribute else None)
+    lost_py = dict(prior) if attribute else None
+    assert cplane.C.blame(cached, demoted, keys, lost, 16) == pagemap.blame_py(cached, demoted, keys, lost_py, 16)
+    assert lost == lost_py and (lost is None or list(lost.items()) == list(lost_py.items()))
+
+
 _HOSTILE_KEYS = st.one_of(st.integers(0, 1 << 14), st.integers(1 << 20, 3 << 20),
                           st.integers(pagemap.DENSE_LIMIT - 3, pagemap.DENSE_LIMIT + 3),
                           st.integers(pagemap.DENSE_LIMIT, (1 << 63) - 1), st.integers(-(1 << 63), -1))
@@ -702,6 +723,54 @@ def test_a_row_buffer_grows_inside_a_row_and_keeps_every_value(sizes, ints):
         buf.append(row)
     cols = tuple(columns_of(tuple(f"c{i}" for i in range(5)), buf.take()).values())
     assert _exactly(zip(*cols)) == _exactly([tuple(map(_as_encoded, row)) for row in rows])
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), calls=st.integers(1, 4))
+def test_append_pairs_is_a_row_a_pair_as_append_makes_them(data, calls):
+    """RowBuffer.append_pairs(first, d) (a request's request_evictions rows from its `lost` dict,
+    session 38): the same bytes, rows and odd objects as append((first, key, value)) for each
+    item in the dict's order, whatever the values (hostile ints past int64, numpy scalars, lone
+    surrogates, str subclasses, floats, None); mixed with plain appends, take after take; an
+    empty dict adds nothing."""
+    pairs_buf, rows_buf = cplane.C.RowBuffer(3), cplane.C.RowBuffer(3)
+    keys = st.one_of(st.integers(-2**70, 2**70), st.text(max_size=4), st.none(), st.floats(allow_nan=False),
+                     st.booleans())
+    for _ in range(calls):
+        for _ in range(data.draw(st.integers(0, 3))):
+            first = data.draw(_VALUES)
+            d = data.draw(st.dictionaries(keys, _VALUES, max_size=8))
+            pairs_buf.append_pairs(first, d)
+            for k, v in d.items():
+                rows_buf.append((first, k, v))
+            row = data.draw(st.tuples(_VALUES, _VALUES, _VALUES))
+            pairs_buf.append(row)
+            rows_buf.append(row)
+        assert len(pairs_buf) == len(rows_buf)
+        got, want = pairs_buf.take(), rows_buf.take()
+        assert got[0] == want[0] and got[1] == want[1]
+        assert _exactly([got[2] or []]) == _exactly([want[2] or []])
+
+
+@pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")
+def test_append_pairs_refuses_what_it_does_not_take_and_keeps_nothing_of_it():
+    """Not a dict (a list of pairs, a dict subclass, a mapping proxy), the wrong arity, a buffer
+    of another width: a TypeError, and the buffer as it was."""
+    import types
+    from collections import OrderedDict
+
+    buf = cplane.C.RowBuffer(3)
+    buf.append_pairs("r", {1: 2})
+    for args in (("r", [(1, 2)]), ("r", OrderedDict({1: 2})), ("r", types.MappingProxyType({1: 2})), ("r",),
+                 ("r", {1: 2}, 3), ()):
+        with pytest.raises(TypeError):
+            buf.append_pairs(*args)
+    for width in (1, 2, 4):
+        with pytest.raises(TypeError, match="3 values"):
+            cplane.C.RowBuffer(width).append_pairs("r", {1: 2})
+    data, rows, objects = buf.take()
+    assert rows == 1 and _decode(data, rows, objects, 3) == (("r",), (1,), (2,))
 
 
 @pytest.mark.skipif(cplane.C is None, reason=f"_cplane: {cplane.WHY_NOT}")

@@ -202,6 +202,30 @@ def test_rows_past_the_first_room_grow_the_block_and_come_back_whole(module):
         want = []
 
 
+@pytest.mark.parametrize("module", [pytest.param(emitters, id="as imported"), pytest.param(TWIN, id="python source")])
+def test_the_ints_handed_over_are_a_view_of_the_block_until_the_next_row(module):
+    """A take's ints are the block's own bytes (session 38: no copy a hand-over), read-only, as
+    many as its rows' ints, and read back as those rows while no row is written after it (a rows
+    sink is done with them when it returns); the next rows go into the same block from its
+    start, and the take after them is those rows alone."""
+    cols = module.EvictionColumns([], _counter())
+    kw = dict(eviction_id=1, t_ns=2, tier="device", node_id=3, tokens=4, action="demote", cause_req_id="a",
+              owner_req_id=None, pool_used_tokens=5, pool_capacity_tokens=6, locked_tokens=7, node_hit_count=8,
+              node_last_access_ns=9, dp_rank=0)
+    for i in range(300):  # past the first room: the block grown once
+        cols.add(**{**kw, "eviction_id": i})
+    hand = cols.take()
+    names, block = hand["ints"]
+    assert isinstance(block, memoryview) and block.readonly and block.format == "B"
+    assert block.nbytes == 8 * 300 * len(names)
+    ints = columns_of(ev.Eviction._fields, hand)
+    assert list(ints["eviction_id"]) == list(range(300)) and set(ints["tokens"]) == {4}
+    first = bytes(block)
+    cols.add(**{**kw, "eviction_id": 1000})
+    assert bytes(block[8:]) == first[8:] and bytes(block[:8]) != first[:8]  # the same memory, written over
+    assert list(columns_of(ev.Eviction._fields, cols.take())["eviction_id"]) == [1000]
+
+
 @pytest.mark.parametrize("cut", [-8, 8, 1, -1])
 def test_a_hand_over_whose_ints_are_not_its_rows_is_refused(cut):
     """A columnar hand-over's ints block that is not `n` rows of its columns (bytes short or over,
@@ -213,7 +237,7 @@ def test_a_hand_over_whose_ints_are_not_its_rows_is_refused(cut):
     cols.finished(**kw)
     hand = cols.take()
     names, block = hand["ints"]
-    hand["ints"] = (names, block[:cut] if cut < 0 else block + b"\0" * cut)
+    hand["ints"] = (names, bytes(block)[:cut] if cut < 0 else bytes(block) + b"\0" * cut)
     with pytest.raises(ValueError, match="not 2 rows of"):
         table_columns("requests", FIELDS, hand)
     if cut % 8 == 0:  # (array("q") refuses a part of an int itself)
@@ -346,11 +370,18 @@ def test_the_emitters_adopt_one_buffer_a_probe_and_its_append_is_the_record_emit
         buf = rec._pending[event]
         assert isinstance(buf, cls) and getattr(first, attr) is buf is getattr(second, attr)
         assert getattr(first, kind) == buf.append
+    # a request's lost rows in one call: the lost table's row buffer's append_pairs (compiled plane)
+    lost_buf = rec._pending[ev.PrefixLostPages]
+    if cplane.C is not None:
+        assert first.lost == lost_buf.append and first.lost_pairs == lost_buf.append_pairs
+    else:
+        assert first.lost_pairs is None
+    assert rec.pairs_emitter(ev.Eviction) is None  # (no table of three columns)
     column_sink = Recorder(lambda tables: None)
     for probe in (column_sink, None):
         made = emitters.Emitters(probe)
         assert (made.request_columns, made.eviction_columns, made.pool_sample_columns, made.batch_columns,
-                made.transfer_columns) == (None,) * 5
+                made.transfer_columns, made.lost_pairs) == (None,) * 6
 
 
 def test_the_writers_arrow_columns_are_zero_copy_int64_for_bigint_columns():

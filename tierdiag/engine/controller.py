@@ -412,8 +412,9 @@ class CacheController:
             ps = self.page_size
             cols = self.emit.eviction_columns
             if cols is not None:  # a recorder's columns: the values unboxed (emitters.py)
-                cols.add(eid, now_ns, tier, node.id, tokens, action, cause, node.owner, (capacity - free) * ps,
-                         capacity * ps, locked * ps, node.hit_count, node.last_access_ns, self.rank)
+                # (its tier and action by `key`, their codes by place: emitters.EVICTION_WORDS)
+                cols.add_keyed(eid, now_ns, key, node.id, tokens, cause, node.owner, (capacity - free) * ps,
+                               capacity * ps, locked * ps, node.hit_count, node.last_access_ns, self.rank)
                 return eid
             emit((
                 eid, now_ns, tier, node.id, tokens, action, cause, node.owner,

@@ -17,6 +17,7 @@ from typing import Any, Callable, Final, Optional
 from librt.vecs import append, extend, vec
 from mypy_extensions import i64
 
+from tierdiag.config.names import EvictionAction, Tier
 from tierdiag.probes import events as ev
 
 Emit = Optional[Callable[[tuple], None]]
@@ -56,6 +57,12 @@ class Emitters:
         self.pool_sample: Emit = _of(probe, "pool_sample")
         self.record: Emit = _of(probe, "record")
         self.decode_step: Emit = _of(probe, "decode_step")
+        # The `lost` events of a request in one call, (req_id, its `lost` dict): the recorder's
+        # compiled row buffer's `append_pairs` (a row a pair, no tuple built and no int boxed a
+        # row: issue 41, session 38); None where the probe has none (then `lost` a row at a time)
+        pairs = getattr(probe, "pairs_emitter", None) if self.lost is not None else None
+        self.lost_pairs: Optional[Callable[[object, dict], None]] = (None if pairs is None
+                                                                     else pairs(ev.EMITTED["lost"]))
         self.tick: Optional[Callable[[], None]] = getattr(probe, "tick", None)
         # The request record by name (issue 38): `emit.request(req_id=..., seq=..., ...)`, every
         # field a keyword (those RequestRecord gives a default may be left out); None where no
@@ -97,8 +104,9 @@ class Columns:
     its Arrow strings from the codes in numpy (issue 41, session 28).
 
     `take()` hands the lot over as one dict, and the buffer is empty again: {"n": column rows,
-    "ints": (int column names then coded ones, their values as int64 bytes row after row, the
-    machine's order), "coded": (coded column names, dictionary), "objects": {column: list},
+    "ints": (int column names then coded ones, their values as int64s row after row, the
+    machine's order: a read-only memoryview of the block's bytes, valid until the next row is
+    written), "coded": (coded column names, dictionary), "objects": {column: list},
     "constants": ((column, value), ...), "tuples": ((columns, list of tuples), ...), "at": int64
     bytes (each other row's place), "rows": the other rows as the recorder's buffer takes them},
     which store/columns.py's `table_columns` turns into the table's Arrow columns and
@@ -114,6 +122,7 @@ class Columns:
     counter: vec[i64]
     dictionary: list[object]
     recent: vec[i64]
+    words_at: i64
 
     def __init__(self, rows: Any, counter: vec[i64]) -> None:
         self.rows = rows
@@ -129,6 +138,7 @@ class Columns:
 
     def _codes_empty(self) -> None:
         self.dictionary = []
+        self.words_at = -1  # where `_words_code` put the subclass's fixed words in `dictionary` (-1: not yet)
         # a kept value's id and its code side by side, a slot each (id 0: none; no object is at 0)
         self.recent = vec[i64]([0] * (2 * _RECENT * len(self._layout()[4])))
 
@@ -154,6 +164,18 @@ class Columns:
         recent[i] = key
         recent[i + 1] = code
         return code
+
+    def _words_code(self, words: tuple[object, ...]) -> i64:
+        """Where `words` (a subclass's fixed values of its coded columns, known by their place in
+        it: `EvictionColumns.add_keyed`) start in this hand-over's `dictionary`: appended once,
+        at the first row that uses them, after whatever `_code` appended before (their codes and
+        `_code`'s never mix up: `_code` finds only the values it appended)."""
+        at = self.words_at
+        if at < 0:
+            at = len(self.dictionary)
+            self.dictionary.extend(words)
+            self.words_at = at
+        return at
 
     def _layout(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple, tuple, tuple[str, ...]]:
         """The subclass's columns: (int columns, in `block`'s rows in this order; object columns,
@@ -209,7 +231,12 @@ class Columns:
             column: list = getattr(self, attr)
             del column[n:]
             taken[attr] = column
-        out = {"n": n, "ints": (ints + coded, memoryview(self.block)[:n * self.width].tobytes()),
+        # the ints as a view of the block itself, not a copy (the block's rows, ~15 MB of a
+        # conversation replay, were copied into a bytes a hand-over: issue 41, session 38): a rows
+        # sink is done with what it is handed when it returns (probes/recorder.py), and no row
+        # is written into the block before then (the next rows overwrite it in place)
+        # (as unsigned bytes: array.frombytes and a bytes-like argument take no other format)
+        out = {"n": n, "ints": (ints + coded, memoryview(self.block).cast("B")[:8 * n * self.width]),
                "coded": (coded, self.dictionary),
                "objects": {name: taken["o_" + name] for name in objects}, "constants": constants,
                "tuples": tuple((fields, taken[attr]) for fields, attr in tuples),
@@ -259,6 +286,12 @@ EVICTION_OBJECT_COLUMNS: Final = (
     "tier", "action", "cause_req_id", "owner_req_id",)
 EVICTION_CODED: Final = ("tier", "action")
 EVICTION_CONSTANTS: Final = ()
+# An eviction's tier and action by its EngineStats key (controller.EVICTION_KEYS, in this order:
+# device/demote, device/drop, host/delete, host/free_duplicate, storage/delete): the tier is
+# EVICTION_WORDS[key >> 1], the action EVICTION_WORDS[3 + key] (key 4: [3 + 2], delete)
+EVICTION_WORDS: Final[tuple[object, ...]] = (
+    Tier.DEVICE, Tier.HOST, Tier.STORAGE, EvictionAction.DEMOTE, EvictionAction.DROP, EvictionAction.DELETE,
+    EvictionAction.FREE_DUPLICATE)
 
 POOL_SAMPLE_INT_COLUMNS: Final = (
     "t_ns", "used_tokens", "capacity_tokens", "locked_tokens", "dp_rank",)
@@ -395,6 +428,31 @@ class EvictionColumns(Columns):
             cause_req_id: object, owner_req_id: object, pool_used_tokens: i64, pool_capacity_tokens: i64,
             locked_tokens: i64, node_hit_count: i64, node_last_access_ns: i64, dp_rank: i64) -> None:
         """One row, its columns by keyword (`Columns`: its ints by place in `block`, a row kept whole or not at all)."""
+        self._row(eviction_id, t_ns, self._code(0, tier), self._code(4, action), node_id, tokens, cause_req_id,
+                  owner_req_id, pool_used_tokens, pool_capacity_tokens, locked_tokens, node_hit_count,
+                  node_last_access_ns, dp_rank)
+
+    def add_keyed(self,
+            eviction_id: i64, t_ns: i64, key: i64, node_id: i64, tokens: i64, cause_req_id: object,
+            owner_req_id: object, pool_used_tokens: i64, pool_capacity_tokens: i64, locked_tokens: i64,
+            node_hit_count: i64, node_last_access_ns: i64, dp_rank: i64) -> None:
+        """`add`'s row with its tier and action given by the eviction's EngineStats key (0-4,
+        EVICTION_WORDS), the engine's own rows (CacheController.record_eviction): the two codes
+        by place in the hand-over's fixed words, not found by `_code` (two calls a row, ~150
+        instructions; issue 41, session 38). The same values as `add` given the key's tier and
+        action; a key outside 0-4 is a ValueError and no row."""
+        if key < 0 or key > 4:
+            raise ValueError(f"an eviction's key is 0-4, not {key}")
+        at = self._words_code(EVICTION_WORDS)
+        self._row(eviction_id, t_ns, at + (key >> 1), at + 3 + (key if key < 4 else 2), node_id, tokens,
+                  cause_req_id, owner_req_id, pool_used_tokens, pool_capacity_tokens, locked_tokens, node_hit_count,
+                  node_last_access_ns, dp_rank)
+
+    def _row(self,
+            eviction_id: i64, t_ns: i64, tier_code: i64, action_code: i64, node_id: i64, tokens: i64,
+            cause_req_id: object, owner_req_id: object, pool_used_tokens: i64, pool_capacity_tokens: i64,
+            locked_tokens: i64, node_hit_count: i64, node_last_access_ns: i64, dp_rank: i64) -> None:
+        """`add`'s and `add_keyed`'s row, its tier and action as their codes."""
         k = self.n
         if k == self.cap:
             self._room()
@@ -410,8 +468,8 @@ class EvictionColumns(Columns):
         b[p + 7] = node_hit_count
         b[p + 8] = node_last_access_ns
         b[p + 9] = dp_rank
-        b[p + 10] = self._code(0, tier)
-        b[p + 11] = self._code(4, action)
+        b[p + 10] = tier_code
+        b[p + 11] = action_code
         self.o_cause_req_id[k] = cause_req_id
         self.o_owner_req_id[k] = owner_req_id
         self.n = k + 1

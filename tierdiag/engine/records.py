@@ -150,8 +150,13 @@ class RequestRecords(SchedulerState):
         emits = self.emit
         lost = emits.lost
         if lost is not None:
-            for eid, tokens in req.lost.items():
-                lost((req.req_id, eid, tokens))
+            lost_pairs = emits.lost_pairs
+            if lost_pairs is not None:  # the recorder's row buffer: the dict's rows in one call
+                if req.lost:
+                    lost_pairs(req.req_id, req.lost)
+            else:
+                for eid, tokens in req.lost.items():
+                    lost((req.req_id, eid, tokens))
         emit = emits.record
         cols = emits.request_columns
         if emit is not None:  # the record's counterfactuals: only for a probe that keeps them

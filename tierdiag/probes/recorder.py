@@ -187,7 +187,9 @@ class Recorder(Probe):
         """`sink` takes columns; `rows_sink` (instead) takes each table's rows as buffered,
         {table: (field names, rows)}, rows a list of tuples or RowBuffer.take()'s encoding
         (`columns_of` makes either columns), and must be done with them when it returns (the
-        lists are cleared then): the store's writer process makes the columns on its own core."""
+        lists are cleared then, and a columnar buffer's int block, handed over as a view of
+        itself, is written over by the next rows): the store's writer process makes the columns
+        on its own core."""
         super().__init__()
         if (sink is None) == (rows_sink is None):
             raise TypeError("Recorder takes one of sink and rows_sink")
@@ -241,6 +243,15 @@ class Recorder(Probe):
         into columns (the event itself is never built: a NamedTuple costs ~3x a plain tuple,
         and a Python function an event costs as much again)."""
         return self._pending[cls].append
+
+    def pairs_emitter(self, cls):
+        """For a table of 3 columns, the buffer's `append_pairs(first, pairs)` (the compiled
+        RowBuffer's: a row (first, key, value) for each item of the dict `pairs`, in its order, as
+        `emitter(cls)` appending each as a tuple would), or None where the buffer has none (a
+        list: the numpy data plane or a columns `sink`) or the table is no such table."""
+        if len(cls._fields) != 3 or cls not in self._pending:
+            return None
+        return getattr(self._pending[cls], "append_pairs", None)
 
     @property
     def buffered_rows(self) -> int:

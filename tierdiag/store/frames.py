@@ -75,7 +75,7 @@ def out_of_band(tables: dict) -> dict:
     for table, (fields, rows) in tables.items():
         if isinstance(rows, dict) and isinstance(rows.get("ints"), tuple):
             names, block = rows["ints"]
-            if isinstance(block, bytes):
+            if isinstance(block, (bytes, memoryview)):  # (Columns.take(): a view of its block)
                 rows = {**rows, "ints": (names, pickle.PickleBuffer(block))}
             objects = rows.get("objects")
             if _text_column is not None and isinstance(objects, dict):

@@ -80,8 +80,10 @@
  * 30: a page map's slot holds ~value (0 = MISSING, pages never set left untouched): map_set and
  *     MapCore store it, blame reads it (session 36, h46maps).
  * 31: a page map's array is two-level (MapCore's `_top`, `_leaves`, `_nleaves`: leaves made on a
- *     key's first set); map_set and blame take the maps, not their arrays (session 37, h47faults). */
-#define CPLANE_API 31
+ *     key's first set); map_set and blame take the maps, not their arrays (session 37, h47faults).
+ * 32: RowBuffer.append_pairs (a request's request_evictions rows from its `lost` dict in one call;
+ *     session 38, h48rec). */
+#define CPLANE_API 32
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256

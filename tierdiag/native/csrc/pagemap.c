@@ -124,6 +124,18 @@ map_slot(const int32_t *top, const int32_t *leaves, int64_t k)
     return leaves[((int64_t)top[k >> LEAF_SHIFT] << LEAF_SHIFT) | (k & LEAF_LOW)];
 }
 
+/* A key's value (0 <= k < the map's slots), its leaf found again only where k's range is not the
+ * last one read (*last, and *at: the leaf's first slot less the range's first key). */
+static inline int32_t
+map_read_near(const int32_t *top, const int32_t *leaves, int64_t k, int64_t *last, int64_t *at)
+{
+    if (k >> LEAF_SHIFT != *last) {
+        *last = k >> LEAF_SHIFT;
+        *at = ((int64_t)top[*last] - *last) << LEAF_SHIFT;
+    }
+    return ~leaves[*at + k];
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* map_set(map, keys, value) -> 0, or -1                                                       */
 
@@ -416,47 +428,54 @@ cp_blame(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
     }
     const Py_ssize_t n = keys.n;
     int64_t last = -1, at = 0;  /* the cached map's last range read and its leaf's offset (map_set) */
-    for (i = 0; i < n; i++) {
-        if (keys.v[i] < 0) {
-            out = not_mine();
-            goto done;
-        }
-    }
+    /* A negative key (an output page: pagemap.blame never sends one) declines the call: the loops
+     * below test it where a key is past the map (one unsigned compare a key), and nothing is
+     * changed before both have read every key. */
     if (lost != Py_None && n) {
-        /* The evictions of every page, then the demotions of the once-cached ones: 2n at most. */
+        /* The evictions of every page (from the front), the demotions of the once-cached ones
+         * (from the middle, moved up behind them at the end): 2n at most. */
         if ((took = PyMem_Malloc((size_t)n * 2 * sizeof(int32_t))) == NULL) {
             PyErr_NoMemory();
             goto done;
         }
     }
+    /* One pass: with a lost dict, a once-cached page's demotion is read as it is found (its leaf
+     * kept as the cached map's is), not in a second pass over the keys and the cached map (issue
+     * 41, session 38); the demotions land in key order after the evictions: the same sequence. */
+    int32_t *dtook = took == NULL ? NULL : took + n;
+    Py_ssize_t ndtook = 0;
+    int64_t dlast = -1, dat = 0;
     for (i = 0; i < n; i++) {
         const int64_t k = keys.v[i];
-        int32_t e = -1;
-        if (k < nc) {
-            if (k >> LEAF_SHIFT != last) {
-                last = k >> LEAF_SHIFT;
-                at = ((int64_t)ctop[last] - last) << LEAF_SHIFT;
+        if ((uint64_t)k >= (uint64_t)nc) {
+            if (k < 0) {
+                out = not_mine();
+                goto done;
             }
-            e = ~cleaves[at + k];
+            continue;
         }
-        if (e >= 0) {
-            found++;
-            if (took != NULL && e > 0) {
-                took[ntook++] = e;
+        const int32_t e = map_read_near(ctop, cleaves, k, &last, &at);
+        if (e < 0) {
+            continue;
+        }
+        found++;
+        if (took == NULL) {
+            continue;
+        }
+        if (e > 0) {
+            took[ntook++] = e;
+        }
+        if (k < nd) {
+            const int32_t d = map_read_near(dtop, dleaves, k, &dlast, &dat);
+            if (d > 0) {
+                dtook[ndtook++] = d;
             }
         }
     }
     if (took != NULL && found) {
-        for (i = 0; i < n; i++) {
-            int64_t k = keys.v[i];
-            if ((k < nc ? ~map_slot(ctop, cleaves, k) : -1) >= 0) {
-                const int32_t d = k < nd ? ~map_slot(dtop, dleaves, k) : -1;
-                if (d > 0) {
-                    took[ntook++] = d;
-                }
-            }
-        }
-        /* One sequence, as pagemap.blame's Python path counts it (a run across the two passes
+        memmove(took + ntook, dtook, (size_t)ndtook * sizeof(int32_t));
+        ntook += ndtook;
+        /* One sequence, as pagemap.blame's Python path counts it (a run across the two parts
          * adds up the same). */
         if (blame_runs(lost, took, ntook, ps) < 0) {
             goto done;

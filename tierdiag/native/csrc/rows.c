@@ -152,28 +152,25 @@ PyDoc_STRVAR(rb_append_doc,
 "append(row)\n\nEncode a tuple of `width` values (a TypeError for anything else: a bug of the caller);\n"
 "a row that fails part-way (MemoryError) is not kept.");
 
-/* The row's values, room for each as an int or None made first (9 bytes a value, reserved again
- * after any other value, which reserves its own): the row's common values, an int read in place
- * (cp_small_int) and None, are written inline with no call and no capacity check a value, the
- * others by rb_put. The same bytes as rb_put's for every value (tests/engine/test_cplane.py);
- * ~2/5 of the appends' instructions went (callgrind, issue 41 session 22). */
-static PyObject *
-rb_append(RowBuffer *rb, PyObject *row)
+/* One row of `width` values, room for each as an int or None made first (9 bytes a value,
+ * reserved again after any other value, which reserves its own): the row's common values, an int
+ * read in place (cp_small_int) and None, are written inline with no call and no capacity check a
+ * value, the others by rb_put. The same bytes as rb_put's for every value
+ * (tests/engine/test_cplane.py); ~2/5 of the appends' instructions went (callgrind, issue 41
+ * session 22). 0, or -1 with an exception set and the row not kept. */
+static int
+rb_put_row(RowBuffer *rb, PyObject *const *vals, Py_ssize_t width)
 {
-    Py_ssize_t start = rb->len, i, width = rb->width;
+    Py_ssize_t start = rb->len, i;
     Py_ssize_t nobj = rb->objects ? PyList_GET_SIZE(rb->objects) : 0;
-    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != width) {
-        PyErr_Format(PyExc_TypeError, "RowBuffer.append takes a tuple of %zd values", width);
-        return NULL;
-    }
     if (width > (PY_SSIZE_T_MAX - rb->len) / 9 || rb_reserve(rb, 9 * width) < 0) {
         if (!PyErr_Occurred()) {
             PyErr_NoMemory();
         }
-        return NULL;
+        return -1;
     }
     for (i = 0; i < width; i++) {
-        PyObject *v = PyTuple_GET_ITEM(row, i);
+        PyObject *v = vals[i];
         int64_t x;
         if (PyLong_CheckExact(v) && cp_small_int(v, &x)) {
             char *p = rb->buf + rb->len;
@@ -191,10 +188,53 @@ rb_append(RowBuffer *rb, PyObject *row)
             if (rb->objects != NULL && PyList_SetSlice(rb->objects, nobj, PY_SSIZE_T_MAX, NULL) < 0) {
                 PyErr_Clear();
             }
-            return NULL;
+            return -1;
         }
     }
     rb->rows++;
+    return 0;
+}
+
+static PyObject *
+rb_append(RowBuffer *rb, PyObject *row)
+{
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != rb->width) {
+        PyErr_Format(PyExc_TypeError, "RowBuffer.append takes a tuple of %zd values", rb->width);
+        return NULL;
+    }
+    if (rb_put_row(rb, ((PyTupleObject *)row)->ob_item, rb->width) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(rb_append_pairs_doc,
+"append_pairs(first, pairs)\n\nappend((first, key, value)) for each item of the dict `pairs`, in its order,\n"
+"for a buffer of 3 values a row (a TypeError for another width or anything but a dict): a request's\n"
+"request_evictions rows from its `lost` dict in one call, no tuple built and no int boxed a row\n"
+"(issue 41, session 38). A row that fails part-way (MemoryError) is not kept; the rows before it are.");
+
+static PyObject *
+rb_append_pairs(RowBuffer *rb, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *row[3], *key, *value;
+    Py_ssize_t pos = 0;
+    if (nargs != 2 || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "RowBuffer.append_pairs takes (first, a dict)");
+        return NULL;
+    }
+    if (rb->width != 3) {
+        PyErr_Format(PyExc_TypeError, "RowBuffer.append_pairs: a buffer of 3 values a row, not %zd", rb->width);
+        return NULL;
+    }
+    row[0] = args[0];
+    while (PyDict_Next(args[1], &pos, &key, &value)) {  /* (borrowed; nothing here runs Python code) */
+        row[1] = key;
+        row[2] = value;
+        if (rb_put_row(rb, row, 3) < 0) {
+            return NULL;
+        }
+    }
     Py_RETURN_NONE;
 }
 
@@ -280,6 +320,7 @@ rb_width(RowBuffer *rb, void *Py_UNUSED(closure))
 
 static PyMethodDef rb_methods[] = {
     {"append", (PyCFunction)rb_append, METH_O, rb_append_doc},
+    {"append_pairs", (PyCFunction)(void (*)(void))rb_append_pairs, METH_FASTCALL, rb_append_pairs_doc},
     {"take", (PyCFunction)rb_take, METH_NOARGS, rb_take_doc},
     {"clear", (PyCFunction)rb_clear, METH_NOARGS, "clear()\n\nForget what was appended."},
     {NULL, NULL, 0, NULL},
