@@ -348,22 +348,17 @@ rq_set_due(RequeryIndex *rq, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 rq_items(RequeryIndex *rq, PyObject *Py_UNUSED(arg))
 {
-    PyObject *out = PyList_New(0);
-    if (out == NULL) {
-        return NULL;
-    }
-    for (size_t k = 0; k <= rq->mask; k++) {
+    PyObject *out = PyList_New(rq->used);
+    Py_ssize_t at = 0;
+    for (size_t k = 0; out != NULL && k <= rq->mask; k++) {
         PyObject *req = rq->slots[k].req, *pair;
-        if (req == NULL || req == RQ_GONE) {
-            continue;
+        if (req != NULL && req != RQ_GONE) {
+            if ((pair = Py_BuildValue("(OL)", req, (long long)rq->slots[k].due)) == NULL) {
+                Py_CLEAR(out);
+            } else {
+                PyList_SET_ITEM(out, at++, pair);  /* (at < used: every live slot counted) */
+            }
         }
-        pair = Py_BuildValue("(OL)", req, (long long)rq->slots[k].due);
-        if (pair == NULL || PyList_Append(out, pair) < 0) {
-            Py_XDECREF(pair);
-            Py_DECREF(out);
-            return NULL;
-        }
-        Py_DECREF(pair);
     }
     return out;
 }
