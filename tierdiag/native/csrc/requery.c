@@ -446,9 +446,16 @@ rq_fire(RequeryIndex *rq, PyObject *const *args, Py_ssize_t nargs)
         /* in waiting-queue order, walked from the tail and stopped once all are found (the
          * reference's loop exactly: a request queued twice is found twice) */
         Py_ssize_t left = nready;
+        uint64_t seen = 0;  /* a bit an address class of the ready ones: most queued are none */
+        for (Py_ssize_t x = 0; x < nready; x++) {
+            seen |= (uint64_t)1 << (((uintptr_t)ready[x] >> 4) & 63);
+        }
         out = PyList_New(0);
         for (Py_ssize_t j = PyList_GET_SIZE(waiting) - 1; out != NULL && j >= 0; j--) {
             PyObject *r = PyList_GET_ITEM(waiting, j);
+            if (!(seen >> (((uintptr_t)r >> 4) & 63) & 1)) {
+                continue;
+            }
             for (Py_ssize_t x = 0; x < nready; x++) {
                 if (ready[x] == r) {
                     if (PyList_Append(out, r) < 0) {
