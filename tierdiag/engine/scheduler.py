@@ -638,7 +638,8 @@ class Scheduler(Admission):
             arrived_at = self.arrived_at
             if req.seq in arrived_at:  # (compiled, `dict.pop` is a generic method call)
                 del arrived_at[req.seq]
-            self.requeries.cancel(req)  # its armed re-query, if any, cancelled
+            if self.has_storage:  # (no tier: no query, so nothing armed)
+                self.requeries.cancel(req)  # its armed re-query, if any, cancelled
             take, lb_ns, lb_pages = admitted
             items.append((req, take, lb_ns, lb_pages))
             budget -= -(-take // ps) * ps  # PrefillAdder._update_prefill_budget: page-ceiled
