@@ -54,7 +54,7 @@ def cause(s, end: int, limit: int | None) -> str:
         return "finish"  # a request finishes at the next step (an event the loop runs)
     if ctrl.backup_queue or ctrl.backup_later:
         return "backup"
-    retry = bool(s.waiting and s.prefetch_retry_due)
+    retry = bool(s.waiting and len(s.requeries))
     if not (ctrl.storage_writes or s.unallocated or s.query_occupied or s.reading or ctrl.prefetch_tails or retry):
         return "no_storage_work"
     if s.storage_pass_done_ns >= 0:
@@ -67,11 +67,12 @@ def cause(s, end: int, limit: int | None) -> str:
         return "tails"
     step = s.prefetch_pass + 1
     if retry:
-        if s.retry_armed:
+        armed = [due for _, due in s.requeries.items()]
+        if -1 in armed:
             return "retry:armed"
-        if s.waiting[0].seq in s.prefetch_retry_due:
+        if s.requeries.due(s.waiting[0]) is not None:
             return "retry:head"
-        if s.retry_head < len(s.retry_due_pass) and s.retry_due_pass[s.retry_head] <= step:
+        if any(0 <= due <= step for due in armed):
             return "retry:due"
     if any(w.start < 0 for w in ctrl.storage_writes):
         return "writes:unstarted"

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierdiag.engine import content, decode, deployment, miss, pagemap, rows, schedule_common, storage, tree
+from tierdiag.engine import content, decode, deployment, miss, pagemap, prefetch, rows, schedule_common, storage, tree
 from tierdiag.engine.routing import router_tree
 from tierdiag.native import cplane
 from tierdiag.trace import chain as trace_chain
@@ -91,6 +91,7 @@ def test_every_pair_takes_the_side_the_facade_chose():
         "decode.decode_steps": decode.decode_steps,
         "routing.approx_tree": router_tree.new_tree,
         "reader.link_chain": trace_chain.link_chain,
+        "prefetch.requeries": prefetch.new_requeries,
     }
     pairs = cplane.pairs()
     assert set(pairs) == set(bound)

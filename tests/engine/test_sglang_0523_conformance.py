@@ -251,10 +251,10 @@ def test_a_miss_is_queried_again_every_8_passes_up_to_8_times(monkeypatch):
         s._retry_prefetches(0)
     # first seen at pass 1: due at 9; each re-query re-arms, due 8 passes after the next pass
     assert queried == [(9, "r"), (18, "r"), (27, "r"), (36, "r"), (45, "r"), (54, "r"), (63, "r"), (72, "r")]
-    assert r.prefetch_retries == 8 and head.prefetch_retries == 0 and not s.prefetch_retry_due
+    assert r.prefetch_retries == 8 and head.prefetch_retries == 0 and not len(s.requeries)
     old = Engine(helpers.small_config(storage_tokens=128 * PS, sglang_rules="0.5.9")).scheduler
     old._arm_prefetch_retry(r)
-    assert not old.prefetch_retry_due
+    assert not len(old.requeries)
 
 
 # --- queue policies (schedule_policy.py `SchedulePolicy.calc_priority`) --------------------------

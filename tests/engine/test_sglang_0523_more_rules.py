@@ -317,5 +317,5 @@ def test_a_hit_the_host_cannot_take_arms_a_requery_with_its_end(tmp_path, monkey
     s.drain_prefetch_queries(0)  # the hit's host memory: the next drain (storage_acks_per_pass)
     # armed: due `interval` passes after the next pass (the first to see it; none ran here)
     due = s.prefetch_pass + 1 + s.rules.prefetch_retry_interval_passes
-    assert (r.storage_skip_reason, r.storage_hit_end, s.prefetch_retry_due) == ("host_full", 8, {r.seq: due})
+    assert (r.storage_skip_reason, r.storage_hit_end, s.requeries.items()) == ("host_full", 8, [(r, due)])
     assert RULE_SETS["0.5.23"].prefetch_assume_stored and not RULE_SETS["0.5.9"].prefetch_assume_stored

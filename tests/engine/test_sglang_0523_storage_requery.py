@@ -46,7 +46,7 @@ def test_a_shorter_match_at_admission_queries_storage_again_and_skips_the_pass(m
     s._arm_prefetch_retry(r)  # a re-query armed earlier: cancelled by the new query
     assert s._prefetch_after_hit_loss(r, 0) is True
     assert queried == [("r", None)] and r.prefetch_retries == 1
-    assert r.seq not in s.prefetch_retry_due
+    assert s.requeries.due(r) is None
 
 
 @helpers.patches_the_engine  # replaces the scheduler's _start_prefetch

@@ -311,7 +311,7 @@ class DecodeSteps(StoragePrefetch):
         if not running or self.chunked is not None:
             return end
         if self.waiting and (not self.batch_is_full or self._admission_reopens or self.unqueried
-                             or self.prefetch_retry_due):
+                             or len(self.requeries)):
             # requests wait: the pass forms no prefill batch only while admission stays shut
             # (`batch_is_full`, which only a request leaving the running batch clears: a finish
             # is an event, a retraction a step that does not fit) and the pass's storage half

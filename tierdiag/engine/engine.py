@@ -112,8 +112,8 @@ class Engine:
         for rank in self.ranks:
             check_rank(rank.device, rank.host, rank.tree, idle=idle)
             s = rank.scheduler  # every armed storage re-query is a queued request's (_retry_prefetches)
-            queued = {r.seq for r in s.waiting}
-            assert all(seq in queued for seq in s.prefetch_retry_due), \
+            queued = {id(r) for r in s.waiting}
+            assert all(id(req) in queued for req, _ in s.requeries.items()), \
                 "a storage re-query is armed for a request not in the waiting queue"
         if idle and self.deployment is not None:
             d = self.deployment

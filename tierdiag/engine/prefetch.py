@@ -15,6 +15,7 @@ from tierdiag.engine.request import Req
 from tierdiag.engine.rules import RuleSet
 from tierdiag.engine.tree import RadixTree, _child
 from tierdiag.engine.tree_node import KeyRun, TreeMatch
+from tierdiag.native import cplane
 
 
 def prefetch_limit_tokens(rules: RuleSet, host_pages: int, device_pages: int, page_size: int) -> int:
@@ -380,7 +381,7 @@ class StoragePrefetch(RequestRecords):
             req.storage_last_match = current
             return False
         self.tree.match(_matchable(req), now)  # the admission's match, before the skip
-        self.prefetch_retry_due.pop(req.seq, 0)  # prefetch_from_storage: retries.cancel(rid)
+        self.requeries.cancel(req)  # prefetch_from_storage: retries.cancel(rid)
         req.prefetch_retries += 1
         req.storage_hit_end = None
         self._start_prefetch(req, now)
@@ -395,24 +396,17 @@ class StoragePrefetch(RequestRecords):
         not read (the hit stops before it, as SGLang's read would come back short there)."""
         interval = self.retry_interval  # (the rule field, typed: Scheduler.__init__)
         if interval:
-            seq: Any = req.seq  # (boxed once for the dict's set)
             if req.prefetch_retries < self.retry_cap:
                 # due `interval` passes after the first pass that sees it, which is the next
                 # `_retry_prefetches`: the pass count moves only there while an entry is armed
                 # (the decode run-ahead, decode.py `_decode_ahead`, stops for any), so that
-                # pass is `prefetch_pass + 1` and the due pass is set here, on the due list
-                # (its passes never decrease: the count only grows), not by a look at the
-                # next pass (issue 41: a dict get and set and an append a re-query)
-                due: Any = self.prefetch_pass + 1 + interval  # (boxed once for the dict and the list)
-                pending: dict[Any, Any] = self.prefetch_retry_due
-                due_pass: list[Any] = self.retry_due_pass
-                pending[seq] = due
-                due_pass.append(due)
-                self.retry_due_req.append(req)
+                # pass is `prefetch_pass + 1` and the due pass is set here, on the index's due
+                # list (its passes never decrease: the count only grows), not by a look at the
+                # next pass
+                self.requeries.arm(req, self.prefetch_pass + 1 + interval)
             else:
                 # past max_attempts: armed (due -1), dropped by the first pass that sees it
-                self.prefetch_retry_due[seq] = -1
-                self.retry_armed.append(req)
+                self.requeries.arm_capped(req)
             if self.ctrl.prefetch_assume_stored:
                 req.storage_hit_end = storage_hit_end
 
@@ -427,88 +421,26 @@ class StoragePrefetch(RequestRecords):
                 self.prefetch_pass += 1  # the clock of the prefetch acks
             return
         self.prefetch_pass += 1
-        pending, waiting = self.prefetch_retry_due, self.waiting
-        if not pending:
-            if self.retry_armed or self.retry_due_pass:  # every index entry is stale now
-                self.retry_armed, self.retry_due_pass, self.retry_due_req, self.retry_head = [], [], [], 0
-            return
-        if not waiting:
-            return
-        head = waiting[0].seq
-        if head in pending:
-            del pending[head]
-        step = self.prefetch_pass
-        # The entries this pass acts on: unarmed (due -1: armed since the last pass that looked,
-        # or dropped past max_attempts) and due; an armed entry is never over max_attempts (the
-        # count is checked as it is armed and grows only as it fires), so the rest need nothing.
-        # Every entry is a queued request's (armed at arrival or requeue, dropped at admission:
+        # One call a pass (the index's `fire`, csrc/requery.c, its reference RequeryIndexPy
+        # below): the queue head's entry dropped, those armed past max_attempts since the last
+        # pass dropped, the entries due taken off, in waiting-queue order. Every entry is a
+        # queued request's (armed at arrival or requeue, cancelled at admission:
         # Engine.check_invariants), so pop_ready's walk of the queue reaches each of these; the
-        # walk's order matters only to the re-queries fired, sorted here by queue position
-        # (issue 41: the walk was 27 % of a storage replay's CPU, ~800 requests waiting and
-        # ~5 entries to act on a pass). `_retry_prefetches_walk` is the walk, kept as the reference.
-        # The entries are found by index, not by a scan of every armed one each pass (issue 41:
-        # the scan, 420k dict items boxed and looked up again on conversation[:6000], was as
-        # much as the re-queries' own matches): an entry's due pass is set as it is armed
-        # (`_arm_prefetch_retry`: the pass that first sees it + interval) and goes on the due
-        # list, whose passes never decrease, so the due entries are a prefix of it; `retry_armed`
-        # holds the entries armed past max_attempts (due -1), which the first pass that sees
-        # them drops. An index entry the dict no longer agrees with (admitted, cancelled,
-        # re-armed since) is skipped: a re-armed request's new due pass is never earlier than
-        # its old one, and one equal is the same request's, fired once.
-        cap = self.retry_cap
-        armed = self.retry_armed
-        if armed:
-            self.retry_armed = []
-            for req in armed:
-                seq: Any = req.seq  # (boxed once for the look-up and the deletion)
-                if pending.get(seq, 0) != -1:
-                    continue  # set by an earlier entry of this list, or dropped since
-                del pending[seq]
-        due_pass, due_req = self.retry_due_pass, self.retry_due_req
-        at, n = self.retry_head, len(due_pass)
-        if at == n or due_pass[at] > step:
+        # walk's order matters only to the re-queries fired, which the index sorts by queue
+        # position (issue 41: the walk was 27 % of a storage replay's CPU, ~800 requests
+        # waiting and ~5 entries to act on a pass). `_retry_prefetches_walk` is the walk, kept
+        # as the reference. In Python this pass and the arm were ~2.6 k instructions a
+        # re-query (dict gets, sets and deletions of boxed seqs, appends, the walk: 234 M of a
+        # whole conversation replay's 5.26 G with a 50M-token tier, session 38).
+        ready: list[Req] | None = self.requeries.fire(self.prefetch_pass, self.waiting)
+        if ready is None:
             return
-        ready = []
-        while at < n and due_pass[at] <= step:
-            req = due_req[at]
-            due = due_pass[at]
-            at += 1
-            key: Any = req.seq  # (boxed once for the look-up and the deletion)
-            if pending.get(key, 0) != due:
-                continue  # stale
-            del pending[key]
+        cap = self.retry_cap
+        for req in ready:  # _retry_storage_prefetch
+            # (never past the cap: an entry is armed only under it, and a request's count moves
+            # only as its entry fires or is cancelled first: the index does not look)
             if req.prefetch_retries >= cap:
                 continue
-            ready.append(req)
-        if at == n:
-            self.retry_due_pass, self.retry_due_req, self.retry_head = [], [], 0
-        elif at > 256 and at * 2 > n:  # the spent prefix goes now and then
-            self.retry_due_pass, self.retry_due_req, self.retry_head = due_pass[at:], due_req[at:], 0
-        else:
-            self.retry_head = at
-        if not ready:
-            return
-        if len(ready) > 1:  # in waiting-queue order (each is queued)
-            # Walked from the tail, stopping once all are found: re-queries are armed at arrival
-            # or requeue, so their requests sit near the queue's end (whole conversation trace
-            # with a 50M-token tier: ~3,200 waiting, the ready ones within ~20 of the tail; the
-            # whole-queue walk was ~45 % of the run's pure-Python time). Same list as
-            # `[r for r in waiting if id(r) in due]`. (Identity against the few ready ones, where a
-            # set of their ids made an int a queue entry walked and a set a pass.)
-            left = len(ready)
-            found: list[Req] = []
-            for j in range(len(waiting) - 1, -1, -1):
-                r = waiting[j]
-                for x in ready:
-                    if x is r:
-                        found.append(r)
-                        left -= 1
-                        break
-                if not left:
-                    break
-            found.reverse()
-            ready = found
-        for req in ready:  # _retry_storage_prefetch
             req.prefetch_retries += 1
             self._start_prefetch(req, now)
 
@@ -521,27 +453,28 @@ class StoragePrefetch(RequestRecords):
                 self.prefetch_pass += 1  # the clock of the prefetch acks
             return
         self.prefetch_pass += 1
-        pending, waiting = self.prefetch_retry_due, self.waiting
-        if not pending or not waiting:
+        pending, waiting = self.requeries, self.waiting
+        if not len(pending) or not waiting:
             return
-        pending.pop(waiting[0].seq, 0)
+        pending.cancel(waiting[0])
         step = self.prefetch_pass
-        if not any(due <= step for due in pending.values()):
+        if not any(due <= step for _, due in pending.items()):
             return
         ready = []
         cap = self.rules.prefetch_retry_max_attempts
         for req in waiting:
-            if req.seq not in pending:
+            due = pending.due(req)
+            if due is None:
                 continue
             if req.prefetch_retries >= cap:
-                del pending[req.seq]
+                pending.cancel(req)
                 continue
-            due = pending[req.seq]
             if due < 0:
-                due = pending[req.seq] = step + interval
+                due = step + interval
+                pending.set_due(req, due)
             if due > step:
                 continue
-            del pending[req.seq]
+            pending.cancel(req)
             ready.append(req)
         for req in ready:  # _retry_storage_prefetch
             req.prefetch_retries += 1
@@ -635,6 +568,116 @@ class StoragePrefetch(RequestRecords):
                     host_prefix += pages
             at += pages
         return host_prefix
+
+
+class RequeryIndexPy:
+    """The storage re-queries armed (SGLang 0.5.23 `StoragePrefetchRetries`), the reference of
+    the C data plane's `RequeryIndex` (csrc/requery.c, whose doc says why it is C): each armed
+    request's due pass (-1: armed past max_attempts), keyed by the request itself (one object an
+    arrival); the due list, (due pass, request) in arming order from `head` on, whose passes
+    the engine never lets decrease, so the entries due are a prefix of it; the requests armed
+    past the cap since the last pass. An index entry the map no longer agrees with (cancelled at
+    admission, re-armed since, fired) is stale and skipped. Every method does what the C one
+    does on any input (tests/engine/test_requery_index.py); neither checks the re-query cap,
+    which the caller does."""
+
+    def __init__(self) -> None:
+        self.due_by_req: dict[object, int] = {}
+        self.armed: list[object] = []
+        self.due_pass: list[int] = []
+        self.due_req: list[object] = []
+        self.head = 0
+        self.fired = 0  # requests handed back by `fire`, all passes
+
+    def __len__(self) -> int:
+        return len(self.due_by_req)
+
+    def arm(self, req: object, due: int) -> None:
+        """poll_miss under the cap: due at pass `due`."""
+        self.due_by_req[req] = due
+        self.due_pass.append(due)
+        self.due_req.append(req)
+
+    def arm_capped(self, req: object) -> None:
+        """poll_miss past max_attempts: due -1, dropped by the next pass's `fire`."""
+        self.due_by_req[req] = -1
+        self.armed.append(req)
+
+    def cancel(self, req: object) -> None:
+        """Its armed re-query, if any, dropped (admission; `retries.cancel(rid)`)."""
+        self.due_by_req.pop(req, None)
+
+    def due(self, req: object) -> int | None:
+        return self.due_by_req.get(req)
+
+    def set_due(self, req: object, due: int) -> None:
+        """The map alone (the reference walk, `_retry_prefetches_walk`, sets a due pass there)."""
+        self.due_by_req[req] = due
+
+    def items(self) -> list[tuple[object, int]]:
+        return list(self.due_by_req.items())
+
+    def fire(self, step: int, waiting: list) -> list | None:
+        """One pass's pop_ready at pass `step`: the queue head's entry dropped ("a speculative
+        miss must never delay the queue head"), the capped ones dropped, the due ones taken off
+        and returned in waiting-queue order; None if none is due."""
+        pending = self.due_by_req
+        if not pending:  # every index entry is stale now
+            self.armed, self.due_pass, self.due_req, self.head = [], [], [], 0
+            return None
+        if not waiting:
+            return None
+        pending.pop(waiting[0], None)
+        if self.armed:
+            armed, self.armed = self.armed, []
+            for req in armed:
+                if pending.get(req) == -1:  # (set again since: not this entry's)
+                    del pending[req]
+        due_pass, due_req = self.due_pass, self.due_req
+        at, n = self.head, len(due_pass)
+        if at == n or due_pass[at] > step:
+            return None
+        ready: list[object] = []
+        while at < n and due_pass[at] <= step:
+            req = due_req[at]
+            due = due_pass[at]
+            at += 1
+            if pending.get(req) != due:
+                continue  # stale
+            del pending[req]
+            ready.append(req)
+        if at == n:
+            self.due_pass, self.due_req, self.head = [], [], 0
+        elif at > 256 and at * 2 > n:  # the spent prefix goes now and then
+            self.due_pass, self.due_req, self.head = due_pass[at:], due_req[at:], 0
+        else:
+            self.head = at
+        if not ready:
+            return None
+        if len(ready) > 1:  # in waiting-queue order
+            # Walked from the tail, stopping once all are found: re-queries are armed at arrival
+            # or requeue, so their requests sit near the queue's end (whole conversation trace
+            # with a 50M-token tier: ~3,200 waiting, the ready ones within ~20 of the tail).
+            # Identity against the few ready ones; a request queued twice is found twice.
+            left = len(ready)
+            found: list[object] = []
+            for j in range(len(waiting) - 1, -1, -1):
+                r = waiting[j]
+                for x in ready:
+                    if x is r:
+                        found.append(r)
+                        left -= 1
+                        break
+                if not left:
+                    break
+            found.reverse()
+            ready = found
+        self.fired += len(ready)
+        return ready
+
+
+# The index the scheduler keeps (Scheduler.__init__): the C one where the data plane is built.
+new_requeries = cplane.choose("prefetch.requeries", cplane.compiled("RequeryIndex"), RequeryIndexPy)
 
 
 class StorageQueryMemo:

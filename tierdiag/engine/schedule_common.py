@@ -96,7 +96,7 @@ class SchedulerState:
     prefetch_threshold: int
     prefetch_tokens_occupied: int
     prefetch_limit_tokens: int
-    prefetch_retry_due: dict[int, int]
+    requeries: Any  # the storage re-queries armed: prefetch.new_requeries() (C's RequeryIndex or RequeryIndexPy)
     retry_interval: int
     retry_cap: int
     storage_acks: bool
@@ -111,10 +111,6 @@ class SchedulerState:
     r_backup_chains: bool
     load_back_threshold: int
     max_prefill_tokens: int
-    retry_armed: list[Req]
-    retry_due_pass: list[int]
-    retry_due_req: list[Req]
-    retry_head: int
     prefetch_pass: int
     unqueried: list[Req]
     unallocated: dict[int, tuple]

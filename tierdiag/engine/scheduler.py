@@ -40,7 +40,7 @@ from tierdiag.engine.controller import CacheController, Clock, EngineStats
 from tierdiag.engine.costmodel import CostModel
 from tierdiag.engine.emitters import Emitters
 from tierdiag.engine.miss import MissTracker
-from tierdiag.engine.prefetch import prefetch_limit_tokens
+from tierdiag.engine.prefetch import new_requeries, prefetch_limit_tokens
 from tierdiag.engine.queue_policy import queue_policy
 from tierdiag.engine.records import DecodeRuns
 from tierdiag.engine.request import Req
@@ -160,10 +160,11 @@ class Scheduler(Admission):
         self.prefetch_limit_tokens = prefetch_limit_tokens(self.rules, ctrl.host.capacity, ctrl.device.capacity,
                                                            self.ps)
         self.prefetch_tokens_occupied = 0
-        # req seq -> pass its re-query is due (0.5.23; set as it is armed); -1: armed past
-        # max_attempts, dropped by the first pass that sees it; an int so the compiled compare
-        # is typed
-        self.prefetch_retry_due = {}
+        # the storage re-queries armed (0.5.23 StoragePrefetchRetries): each queued request's
+        # due pass (set as it is armed; -1: armed past max_attempts, dropped by the first pass
+        # that sees it), indexed by due pass, fired once a pass (`_retry_prefetches`): the C
+        # data plane's RequeryIndex, or its reference prefetch.RequeryIndexPy
+        self.requeries = new_requeries()
         # The rule fields every pass's storage half reads, typed: rules.py is interpreted, so a
         # RuleSet field read from compiled code is a generic attribute lookup
         self.retry_interval = self.rules.prefetch_retry_interval_passes
@@ -180,16 +181,6 @@ class Scheduler(Admission):
         self.r_backup_chains = self.rules.backup_chains_ancestors
         self.load_back_threshold = cfg.load_back_threshold
         self.max_prefill_tokens = cfg.max_prefill_tokens
-        # An index of prefetch_retry_due by due pass, so a pass touches only the entries it acts
-        # on (_retry_prefetches): the requests armed past max_attempts since the last pass that
-        # looked (due -1), and (due pass, request) in due order from `retry_head` on. Entries the
-        # dict dropped since (admitted, cancelled, re-armed) are stale and skipped. (No map of
-        # the armed seqs to their requests: the index holds the requests, and nothing else
-        # read one; issue 41, a dict set and deletion a re-query.)
-        self.retry_armed = []
-        self.retry_due_pass = []
-        self.retry_due_req = []
-        self.retry_head = 0
         self.prefetch_pass = 0  # scheduling passes, the re-queries' clock
         # arrivals whose storage query waits for the next pass (rule storage_acks_per_pass)
         self.unqueried = []
@@ -647,7 +638,8 @@ class Scheduler(Admission):
             arrived_at = self.arrived_at
             if req.seq in arrived_at:  # (compiled, `dict.pop` is a generic method call)
                 del arrived_at[req.seq]
-            self.prefetch_retry_due.pop(req.seq, 0)  # its armed re-query, if any, cancelled
+            if self.has_storage:  # (no tier: no query, so nothing armed)
+                self.requeries.cancel(req)  # its armed re-query, if any, cancelled
             take, lb_ns, lb_pages = admitted
             items.append((req, take, lb_ns, lb_pages))
             budget -= -(-take // ps) * ps  # PrefillAdder._update_prefill_budget: page-ceiled

@@ -35,7 +35,7 @@ ENV = "TIERDIAG_CPLANE"
 CHOICES = ("auto", "c", "numpy")
 # What the compiled module must say it implements (csrc/cplane.h's CPLANE_API): a build from an
 # older source, left in place by an earlier editable install, is not used.
-API = 32
+API = 33
 
 T = TypeVar("T")
 

@@ -18,6 +18,8 @@
  *                    run ahead (engine/decode.py: decode_steps)
  *   approx_tree.c    cache_aware's approximate tree as runs (routing/approx_tree.py: RouterTree)
  *   lru_heap.c       the radix tree's lru heaps (engine/tree.py: LruHeap)
+ *   requery.c        the storage re-queries armed, fired once a pass (engine/prefetch.py:
+ *                    RequeryIndex)
  *
  * The numpy (or Python) implementations beside their owners are the reference and the
  * fallback: tierdiag/native/cplane.py chooses one backend for the process. Every function here
@@ -82,8 +84,9 @@
  * 31: a page map's array is two-level (MapCore's `_top`, `_leaves`, `_nleaves`: leaves made on a
  *     key's first set); map_set and blame take the maps, not their arrays (session 37, h47faults).
  * 32: RowBuffer.append_pairs (a request's request_evictions rows from its `lost` dict in one call;
- *     session 38, h48rec). */
-#define CPLANE_API 32
+ *     session 38, h48rec).
+ * 33: RequeryIndex (requery.c): the storage re-queries armed, one call a pass (session 38, h48stor). */
+#define CPLANE_API 33
 
 /* Page lists up to this long are held on the C stack (the engine's common case). */
 #define SMALL_LIST 256
@@ -189,5 +192,6 @@ CP_HIDDEN extern PyTypeObject cp_SlotCoreType;     /* pages.c */
 CP_HIDDEN extern PyTypeObject cp_MapCoreType;      /* pagemap.c */
 CP_HIDDEN extern PyTypeObject cp_RouterTreeType;   /* approx_tree.c */
 CP_HIDDEN extern PyTypeObject cp_LruHeapType;      /* lru_heap.c */
+CP_HIDDEN extern PyTypeObject cp_RequeryIndexType; /* requery.c */
 
 #endif

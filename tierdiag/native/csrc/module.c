@@ -323,7 +323,7 @@ static struct PyModuleDef cplane_module = {
     "The compiled CPU data plane (tierdiag/native/cplane.py chooses it; the numpy reference\n"
     "it falls back to lives beside each owner: engine/rows.py, content.py, pagepool.py,\n"
     "pagemap.py, storage.py, probes/recorder.py, trace/pages.py, trace/reader.py, miss.py,\n"
-    "deployment.py).",
+    "deployment.py, prefetch.py).",
     -1,
     NULL,
     NULL, NULL, NULL, NULL,
@@ -363,7 +363,9 @@ PyInit__cplane(void)
         PyType_Ready(&cp_RouterTreeType) < 0 ||
         PyModule_AddObjectRef(m, "RouterTree", (PyObject *)&cp_RouterTreeType) < 0 ||
         PyType_Ready(&cp_LruHeapType) < 0 ||
-        PyModule_AddObjectRef(m, "LruHeap", (PyObject *)&cp_LruHeapType) < 0) {
+        PyModule_AddObjectRef(m, "LruHeap", (PyObject *)&cp_LruHeapType) < 0 ||
+        PyType_Ready(&cp_RequeryIndexType) < 0 ||
+        PyModule_AddObjectRef(m, "RequeryIndex", (PyObject *)&cp_RequeryIndexType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
