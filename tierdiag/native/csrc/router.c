@@ -496,7 +496,7 @@ typedef struct {
  * int(base + per_token * ctx); the roofline int((base + ctx * kv_bytes) / hbm * 1e9) +
  * overhead (the int product converted once, as float + int converts it). 0 where a value
  * leaves int64 (the reference then runs that step: Python's ints do not overflow). */
-static inline int
+static inline Py_ALWAYS_INLINE int
 step_ns(const StepClock *c, int64_t ctx, int64_t *ns)
 {
     /* (volatile: each operation rounded on its own, as the compiled code's; no fused
@@ -608,16 +608,19 @@ cp_decode_steps(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
          * step's values are checked before anything of it is done, as below; a step that is not
          * this case is left to the loop below. (issue 41 session 38: ~2.8 M steps a --dp 8
          * conversation replay, ~70 instructions each in the one loop below.) */
-        if (wakes == Py_None && PyList_GET_SIZE(ring) == ps) { /* (a give may have changed its length) */
+        int64_t at; /* the context before the next step, base + running * k: each step adds `running` */
+        if (wakes == Py_None && PyList_GET_SIZE(ring) == ps /* (a give may have changed its length) */
+            && !__builtin_mul_overflow(n, k, &at) && !__builtin_add_overflow(base, at, &at)) {
             PyObject *const *items = &PyList_GET_ITEM(ring, 0);
             for (;;) {
                 int64_t k1 = k + 1, ctx, ns, next_end, nslot = slot + 1 == ps ? 0 : slot + 1;
                 PyObject *due = items[nslot];
                 if (k1 >= lim || !PyList_CheckExact(due) || PyList_GET_SIZE(due) != 0
-                    || __builtin_mul_overflow(n, k1, &ctx) || __builtin_add_overflow(base, ctx, &ctx)
-                    || !step_ns(&c, ctx, &ns) || __builtin_add_overflow(end, ns, &next_end)) {
+                    || __builtin_add_overflow(at, n, &ctx) || !step_ns(&c, ctx, &ns)
+                    || __builtin_add_overflow(end, ns, &next_end)) {
                     break;
                 }
+                at = ctx;
                 ratio -= c.decay;
                 if (ratio < c.floor) {
                     ratio = c.floor;
