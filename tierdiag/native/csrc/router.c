@@ -361,7 +361,8 @@ PyDoc_STRVAR(ranks_json_doc,
 "deployment.ranks_json_py's text: for each rank r of `held` (a list of (device pages, host\n"
 "pages) int pairs), {\"rank\":r,\"device_tokens\":d*ps,\"host_tokens\":h*ps,\"in_flight\":in_flight[r],\n"
 "\"score\":scores[r] (null past its end)}, joined as json.dumps(..., separators=(',', ':')).\n"
-"Scores' texts are kept in the dict `score_text` (the reference's table). -1: not my case\n"
+"Scores' texts are kept in the dict `score_text` (the reference's table), and by their bits in\n"
+"this module's own table in front of it (not where score_text_max is 0 or less). -1: not my case\n"
 "(another shape or a value past int64), nothing changed: the reference writes it.");
 
 static PyObject *
