@@ -85,6 +85,71 @@ def test_c_steps_are_the_reference_steps(ps, data, k, end, bounded, span, fin_in
     assert c_side == py_side
 
 
+class _EmptyList(list):
+    """An empty slot that is not an exact list (the C's loop of plain steps leaves it to its own
+    step, which reads it as any list)."""
+
+
+class _Meddling(_Rank):
+    """_Rank whose give also changes the ring as no scheduler does: another slot filled or
+    emptied, a slot made an empty list subclass, the ring grown or shrunk (a slot is a list: the
+    compiled reference refuses anything else, as its type says)."""
+
+    def __init__(self, ps: int, due: set[int], frees: list[int], moves: list[tuple[str, int]]):
+        super().__init__(ps, due, frees)
+        self.moves = moves
+
+    def give(self, k: int) -> int:
+        free = super().give(k)
+        kind, i = self.moves[(len(self.given) - 1) % len(self.moves)]
+        ring = self.ring
+        at = i % len(ring)
+        if kind == "fill":
+            ring[at] = [object()]
+        elif kind == "empty":
+            ring[at] = []
+        elif kind == "subclass":
+            ring[at] = _EmptyList()
+        elif kind == "grow":
+            ring.append([])
+        elif kind == "shrink" and len(ring) > 1:
+            ring.pop()
+        return free
+
+
+# The C's plain steps run in a loop of their own (issue 41 session 38: a step whose slot is an
+# empty list, without wakes, not the step the finish stops the run after); every other step in
+# the loop beside it. Both loops against the reference: any finish step (before, at and long
+# after the first), long runs without a give, a ratio that reaches its floor, a limit met
+# exactly, and gives that change the ring under the loop.
+@settings(max_examples=400, deadline=None)
+@given(ps=st.sampled_from([1, 2, 3, 16, 64]), data=st.data(), k=st.one_of(st.integers(0, 10**6), st.integers(_I64 - 40, _I64 - 1)),
+       end=st.one_of(st.integers(0, 10**12), st.integers(_I64 - 10**7, _I64 - 1)),
+       bounded=st.booleans(), span=st.one_of(st.integers(0, 10**8), st.just(0)), n=st.integers(1, 8),
+       ratio=st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.7, 0.1, 0.0999, -1.0])),
+       with_wakes=st.booleans(),
+       moves=st.lists(st.tuples(st.sampled_from(["none", "fill", "empty", "subclass", "grow", "shrink"]),
+                                st.integers(0, 70)), min_size=1, max_size=5))
+def test_the_plain_steps_loop_is_the_reference(ps, data, k, end, bounded, span, n, ratio, with_wakes, moves):
+    # (a finish step the run never meets, at or before k + 1 or past int64, only where a limit ends
+    # it: the reference would run on for ever)
+    fin_in = data.draw(st.one_of(st.integers(-3, 3000), st.just(_I64)) if bounded else st.integers(2, 3000))
+    due = set(data.draw(st.lists(st.integers(0, ps - 1), max_size=2)))
+    frees = data.draw(st.lists(st.integers(0, 2 * n), min_size=1, max_size=3))
+    limit = end + span if bounded else None
+    c_side = decode.decode_steps_c if cplane.compiled("decode_steps") is not None else decode.decode_steps_py
+    out = []
+    for steps in (c_side, decode.decode_steps_py):
+        rank = _Meddling(ps, due, frees, moves)
+        wakes = [] if with_wakes else None
+        try:
+            got = steps(rank.ring, ps, k, end, limit, k + fin_in, 1000, n, ratio, _ROOFLINE, wakes, rank.give)
+        except (OverflowError, IndexError) as exc:  # (a step past int64's k; a ring shrunk under the reference)
+            got = type(exc)
+        out.append((got, rank.given, [len(s) for s in rank.ring], wakes))
+    assert out[0] == out[1]
+
+
 def test_the_c_loop_runs_where_it_is_built():
     """On the compiled data plane the C answers a plain state itself (done), and declines other
     types (-1, nothing changed); the numpy data plane runs the reference."""

@@ -422,8 +422,11 @@ def cache_aware_decide(tree: Any, keys: Sequence[int], loads: tuple[int, ...], t
     if hi - lo > abs_thr and hi > rel_thr * lo:  # (Any: Python's own operations, exact for any number type)
         rank = least
         tree.insert(keys, rank, tick)
+        # (each format spec its own `format` call: compiled, an f-string with one spec made every
+        # piece of it a '{:{}}'.format call, ~1,600 instructions each; the texts are the f-string's)
         return (rank, name, "imbalanced",
-                f"imbalanced: max load {hi} - min {lo} > {abs_thr} and {hi} > {rel_thr:g} × {lo}: shortest queue rank {rank}",
+                f"imbalanced: max load {hi} - min {lo} > " + format(abs_thr, "") + f" and {hi} > "
+                + format(rel_thr, "g") + f" × {lo}: shortest queue rank {rank}",
                 float(loads[rank]), "in flight", tuple([float(x) for x in loads]))
     found: tuple[int, int | None, list[int]] = tree.prefix_match(keys, tick, touch=False)
     matched, holder, depth_of = found
@@ -433,7 +436,7 @@ def cache_aware_decide(tree: Any, keys: Sequence[int], loads: tuple[int, ...], t
     if holder is not None and rate > thr:
         rank = holder
         branch = "cache_hit"
-        reason = f"cache_aware: match {rate:.2f} > {thr_text} on rank {rank}"
+        reason = "cache_aware: match " + format(rate, ".2f") + f" > {thr_text} on rank {rank}"
     else:
         if miss_min_load:
             rank = least
@@ -441,9 +444,9 @@ def cache_aware_decide(tree: Any, keys: Sequence[int], loads: tuple[int, ...], t
         else:
             pages: list[int] = tree.pages
             rank = first_smallest(pages)
-            where = f"smallest tree rank {rank} ({pages[rank] * page_tokens:,} tokens)"
+            where = f"smallest tree rank {rank} (" + format(pages[rank] * page_tokens, ",") + " tokens)"
         branch = "cache_miss"
-        reason = f"cache_aware: best match {rate:.2f} <= {thr_text}: {where}"
+        reason = "cache_aware: best match " + format(rate, ".2f") + f" <= {thr_text}: {where}"
     if holder is not None and holder != rank:  # Tree::prefix_match touched it before the choice
         tree.touch(keys[:matched], holder, tick)
     tree.insert(keys, rank, tick, depth_of[rank])

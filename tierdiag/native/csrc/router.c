@@ -90,17 +90,38 @@ text_add(Text *t, const char *s, Py_ssize_t n)
 
 #define TEXT_LIT(t, s) text_add((t), (s), (Py_ssize_t)(sizeof(s) - 1))
 
-/* An int64 in decimal, as int.__str__ writes it. */
+/* "00" .. "99": text_int's two digits a division */
+static const char DIGIT_PAIRS[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+/* An int64 in decimal, as int.__str__ writes it (two digits a step: a --dp 8 arrival writes 32
+ * ints, ~70 instructions each a digit at a time; issue 41 session 38). */
 static int
 text_int(Text *t, int64_t v)
 {
     char buf[24];
     int i = (int)sizeof(buf);
     uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do {
-        buf[--i] = (char)('0' + (int)(u % 10));
-        u /= 10;
-    } while (u);
+    if (u < 10) { /* (a rank's number, most loads) */
+        char c = (char)('0' + (int)u);
+        if (v >= 0) {
+            return text_add(t, &c, 1);
+        }
+    }
+    while (u >= 100) {
+        unsigned r = (unsigned)(u % 100);
+        u /= 100;
+        i -= 2;
+        memcpy(buf + i, DIGIT_PAIRS + 2 * r, 2);
+    }
+    if (u >= 10) {
+        i -= 2;
+        memcpy(buf + i, DIGIT_PAIRS + 2 * (unsigned)u, 2);
+    } else {
+        buf[--i] = (char)('0' + (int)u);
+    }
     if (v < 0) {
         buf[--i] = '-';
     }
@@ -240,6 +261,28 @@ short_repr(double f, char *out)
 }
 #endif
 
+/* Score texts by the double's bits, in front of `table` (the reference's dict): a slot a hash
+ * of the bits, the last text stored there kept. A --dp 8 arrival writes 8 scores, most of them
+ * seen before; the dict's look-up (the float's hash, the compare) was ~380 instructions each,
+ * ~37 M of a conversation replay (issue 41 session 38). Only finite nonzero scores are kept
+ * (zeros are written above it, NaN never kept); a text longer than a slot holds (never: repr's
+ * longest is 24 bytes) is not kept. Not used where `table_max` is 0 or less (a caller keeping
+ * nothing, as the tests that write every text afresh). */
+#define SCORE_SLOTS 4096
+typedef struct {
+    uint64_t bits; /* 0: empty (+0.0 is never kept) */
+    unsigned char len;
+    char text[31];
+} ScoreSlot;
+static ScoreSlot score_slots[SCORE_SLOTS];
+
+static inline ScoreSlot *
+score_slot(uint64_t bits)
+{
+    uint64_t h = bits * UINT64_C(0x9E3779B97F4A7C15);
+    return &score_slots[h >> (64 - 12)];
+}
+
 /* A score's text, deployment._json_number's: "0.0" / "-0.0" for zeros, else float.__repr__,
  * kept in `table` by value (cleared when it holds `table_max`; NaN never kept), as the
  * reference keeps it. 1 added, 0 not my case, -1 error. */
@@ -251,6 +294,8 @@ text_score(Text *t, PyObject *s, PyObject *table, Py_ssize_t table_max)
     const char *u;
     Py_ssize_t n;
     int rc;
+    uint64_t bits;
+    ScoreSlot *slot = NULL;
     if (s == Py_None) {
         return TEXT_LIT(t, "null") < 0 ? -1 : 1;
     }
@@ -263,6 +308,13 @@ text_score(Text *t, PyObject *s, PyObject *table, Py_ssize_t table_max)
             return TEXT_LIT(t, "-0.0") < 0 ? -1 : 1;
         }
         return TEXT_LIT(t, "0.0") < 0 ? -1 : 1;
+    }
+    if (table_max > 0 && isfinite(f)) {
+        memcpy(&bits, &f, sizeof(bits));
+        slot = score_slot(bits);
+        if (slot->bits == bits && slot->len) {
+            return text_add(t, slot->text, (Py_ssize_t)slot->len) < 0 ? -1 : 1;
+        }
     }
     text = PyDict_GetItemWithError(table, s); /* borrowed */
     if (text != NULL) {
@@ -294,6 +346,11 @@ text_score(Text *t, PyObject *s, PyObject *table, Py_ssize_t table_max)
         }
         return 0;
     }
+    if (slot != NULL && n > 0 && n <= (Py_ssize_t)sizeof(slot->text)) {
+        slot->bits = bits;
+        slot->len = (unsigned char)n;
+        memcpy(slot->text, u, (size_t)n);
+    }
     rc = text_add(t, u, n) < 0 ? -1 : 1;
     Py_DECREF(text);
     return rc;
@@ -304,7 +361,8 @@ PyDoc_STRVAR(ranks_json_doc,
 "deployment.ranks_json_py's text: for each rank r of `held` (a list of (device pages, host\n"
 "pages) int pairs), {\"rank\":r,\"device_tokens\":d*ps,\"host_tokens\":h*ps,\"in_flight\":in_flight[r],\n"
 "\"score\":scores[r] (null past its end)}, joined as json.dumps(..., separators=(',', ':')).\n"
-"Scores' texts are kept in the dict `score_text` (the reference's table). -1: not my case\n"
+"Scores' texts are kept in the dict `score_text` (the reference's table), and by their bits in\n"
+"this module's own table in front of it (not where score_text_max is 0 or less). -1: not my case\n"
 "(another shape or a value past int64), nothing changed: the reference writes it.");
 
 static PyObject *
@@ -335,7 +393,10 @@ cp_ranks_json(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
     if (PyTuple_GET_SIZE(in_flight) < n) {
         return not_mine();
     }
-    /* Every value is checked before the score table is touched: "not my case" changes nothing. */
+    /* Every value is checked before the score table is touched: "not my case" changes nothing.
+     * The first RANKS_KEPT ranks' values are kept from here for the text (read once). */
+#define RANKS_KEPT 64
+    int64_t kept[RANKS_KEPT][3];
     for (Py_ssize_t r = 0; r < n; r++) {
         PyObject *pair = PyList_GET_ITEM(held, r);
         int64_t d, h, f;
@@ -345,20 +406,31 @@ cp_ranks_json(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nar
             || (r < num_scores && !PyFloat_CheckExact(PyTuple_GET_ITEM(scores, r)))) {
             return not_mine();
         }
+        if (r < RANKS_KEPT) {
+            kept[r][0] = d;
+            kept[r][1] = h;
+            kept[r][2] = f;
+        }
     }
     text_init(&t);
     if (TEXT_LIT(&t, "[") < 0) {
         goto done;
     }
     for (Py_ssize_t r = 0; r < n; r++) {
-        PyObject *pair = PyList_GET_ITEM(held, r);
         int64_t d = 0, h = 0, f = 0;
         int got;
-        (void)exact_int(PyTuple_GET_ITEM(pair, 0), &d);
-        (void)exact_int(PyTuple_GET_ITEM(pair, 1), &h);
-        (void)exact_int(PyTuple_GET_ITEM(in_flight, r), &f);
-        d *= ps; /* checked above */
-        h *= ps;
+        if (r < RANKS_KEPT) {
+            d = kept[r][0];
+            h = kept[r][1];
+            f = kept[r][2];
+        } else {
+            PyObject *pair = PyList_GET_ITEM(held, r);
+            (void)exact_int(PyTuple_GET_ITEM(pair, 0), &d);
+            (void)exact_int(PyTuple_GET_ITEM(pair, 1), &h);
+            (void)exact_int(PyTuple_GET_ITEM(in_flight, r), &f);
+            d *= ps; /* checked above */
+            h *= ps;
+        }
         if ((r && TEXT_LIT(&t, ",") < 0) || TEXT_LIT(&t, "{\"rank\":") < 0 || text_int(&t, (int64_t)r) < 0
             || TEXT_LIT(&t, ",\"device_tokens\":") < 0 || text_int(&t, d) < 0
             || TEXT_LIT(&t, ",\"host_tokens\":") < 0 || text_int(&t, h) < 0
@@ -425,7 +497,7 @@ typedef struct {
  * int(base + per_token * ctx); the roofline int((base + ctx * kv_bytes) / hbm * 1e9) +
  * overhead (the int product converted once, as float + int converts it). 0 where a value
  * leaves int64 (the reference then runs that step: Python's ints do not overflow). */
-static inline int
+static inline Py_ALWAYS_INLINE int
 step_ns(const StepClock *c, int64_t ctx, int64_t *ns)
 {
     /* (volatile: each operation rounded on its own, as the compiled code's; no fused
@@ -494,7 +566,7 @@ cp_decode_steps(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
 {
     PyObject *ring, *wakes, *give;
     PyObject *const *t;
-    int64_t ps, k, end, until = 0, fin_step, base, n, free_pages, slot;
+    int64_t ps, k, end, until = 0, fin_step, base, n, free_pages, slot, lim;
     double ratio;
     int bounded;
     StepClock c;
@@ -522,12 +594,53 @@ cp_decode_steps(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t n
     c.fitted = t[0] == Py_True;
     free_pages = n; /* (the caller saw at least `running` free: only a give changes it) */
     slot = k % ps;
+    /* (the limit, or where there is none one no end passes but INT64_MAX itself: `end >= until`
+       then asks `bounded`) */
+    if (!bounded) {
+        until = INT64_MAX;
+    }
+    /* the first step the run's own loop below must take: the one after which fin_step is next
+       (k + 1 == fin_step stops the run), or the one whose k + 1 leaves int64 */
+    lim = fin_step > k + 1 ? fin_step - 1 : INT64_MAX;
     for (;;) {
+        /* The common step, in a loop of its own: its slot an empty list (no give), no wakes to
+         * note, not the step the finish stops the run after. The free pages change only at a
+         * give, whose step (below) checks them, so they are never below `running` here. Each
+         * step's values are checked before anything of it is done, as below; a step that is not
+         * this case is left to the loop below. (issue 41 session 38: ~2.8 M steps a --dp 8
+         * conversation replay, ~70 instructions each in the one loop below.) */
+        int64_t at; /* the context before the next step, base + running * k: each step adds `running` */
+        if (wakes == Py_None && PyList_GET_SIZE(ring) == ps /* (a give may have changed its length) */
+            && !__builtin_mul_overflow(n, k, &at) && !__builtin_add_overflow(base, at, &at)) {
+            PyObject *const *items = &PyList_GET_ITEM(ring, 0);
+            for (;;) {
+                int64_t k1 = k + 1, ctx, ns, next_end, nslot = slot + 1 == ps ? 0 : slot + 1;
+                PyObject *due = items[nslot];
+                if (k1 >= lim || !PyList_CheckExact(due) || PyList_GET_SIZE(due) != 0
+                    || __builtin_add_overflow(at, n, &ctx) || !step_ns(&c, ctx, &ns)
+                    || __builtin_add_overflow(end, ns, &next_end)) {
+                    break;
+                }
+                at = ctx;
+                ratio -= c.decay;
+                if (ratio < c.floor) {
+                    ratio = c.floor;
+                }
+                slot = nslot;
+                k = k1;
+                end = next_end;
+                if (end >= until && bounded) {
+                    return steps_result(k, end, ratio, 1);
+                }
+            }
+        }
         int64_t k1 = k + 1, ctx, ns, now = end, next_end;
         PyObject *due;
-        /* the step's values first: where one leaves int64, nothing of the step is done */
-        if (k1 == INT64_MAX || __builtin_mul_overflow(n, k1, &ctx) || __builtin_add_overflow(base, ctx, &ctx)
-            || !step_ns(&c, ctx, &ns) || __builtin_add_overflow(now, ns, &next_end)) {
+        /* the step's values first: where one leaves int64 (or a give changed the ring's length),
+           nothing of the step is done */
+        if (k1 == INT64_MAX || PyList_GET_SIZE(ring) != ps || __builtin_mul_overflow(n, k1, &ctx)
+            || __builtin_add_overflow(base, ctx, &ctx) || !step_ns(&c, ctx, &ns)
+            || __builtin_add_overflow(now, ns, &next_end)) {
             return steps_result(k, end, ratio, 0);
         }
         slot = slot + 1 == ps ? 0 : slot + 1;
