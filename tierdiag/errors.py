@@ -57,6 +57,12 @@ class StoreError(TierdiagError):
     exit_code = ExitCode.STORE
 
 
+class NoRunsError(StoreError):
+    """A store that holds no run (yet): a 0-byte file, DuckDB's header alone, a schema begun or
+    complete with no runs row (docs/contract.md §7: left by a replay killed as it made the store,
+    or every run deleted). `runs` lists it as empty; every command that needs a run is exit 4."""
+
+
 class NotFoundError(TierdiagError):
     exit_code = ExitCode.NOT_FOUND
 

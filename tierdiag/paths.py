@@ -73,7 +73,8 @@ def is_duckdb_file(path: str | os.PathLike) -> bool:
     return head[_DUCKDB_MAGIC_AT:] == DUCKDB_MAGIC
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words ('a FIFO (named pipe)', 'a folder')."""
     for test, name in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
         if test(mode):
@@ -134,7 +135,7 @@ def prepare_output_path(path: Path, *, what: str, inputs: Iterable[tuple[str, st
         raise OutputError(f"cannot write {path}: it is a folder", hint=f"pass a file name to {what}")
     if mode is not None and not stat.S_ISREG(mode):
         if not (stream_special and (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode))):
-            raise ConfigError(f"{what} {path} is {_kind(mode)}: refusing to write to it",
+            raise ConfigError(f"{what} {path} is {file_kind(mode)}: refusing to write to it",
                               hint=f"pass a regular file to {what}")
     parent = path.parent
     try:

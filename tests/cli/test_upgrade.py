@@ -463,6 +463,31 @@ def test_a_failed_rule_replay_is_listed_not_isolated_and_the_command_still_fails
     assert view["sweep_id"] != demo_upgrade[1]["sweep_id"]
 
 
+@pytest.mark.parametrize("left", ["no file", "duckdb header"])
+def test_an_upgrade_none_of_whose_replays_was_recorded_fails_with_their_error(tmp_path, capsys, left):
+    """Every replay failed before its run's row (a full disk at the schema): the store it made is
+    removed (no file) or left with no run in it. The command's error is the replays' own (its
+    code), not the store's `no database` or `has no runs yet`."""
+    from tierdiag.app.sweep import RunOutcome, SweepFailed
+    from tierdiag.cli.upgrade import replay_upgrade
+    from tierdiag.config.engine import EngineConfig
+
+    db = tmp_path / "f.duckdb"
+
+    def runner(trace, plan, db_, backend, sweep_id, skip_bad, by=None, *, compare=True):
+        if left == "duckdb header":
+            duckdb.connect(str(db_)).close()
+        raise SweepFailed([RunOutcome(i, name, None, "failed", f"cannot write {db_}: no space left on the disk", 6)
+                           for i, (name, _) in enumerate(plan.configs)])
+
+    cfg = EngineConfig(device_tokens=16384, host_tokens=32768)
+    with pytest.raises(SweepFailed) as failed:
+        replay_upgrade(DEMO, cfg, (OLD, NEW), db=db, run_name=None, jobs=2, skip_bad=False, json_=True,
+                       runner=runner)
+    assert failed.value.exit_code == 6 and "no space left" in failed.value.one_line()
+    assert capsys.readouterr().out == ""
+
+
 def test_a_rule_run_says_which_rule_it_switched_back(demo_upgrade):
     from tierdiag.report.run_lines import rules_line
     from tierdiag.store.reader import list_runs

@@ -184,10 +184,17 @@ class RunsView:
 
 
 def runs_view(db: Path) -> RunsView:
+    """A store with no run in it, whatever the file's kind (errors.NoRunsError: a 0-byte file,
+    DuckDB's header alone, a schema begun or whole), is an empty listing: `runs` says so, exit 0."""
     from tierdiag.diagnose.comparison.compare import changed_from_defaults
+    from tierdiag.errors import NoRunsError
     from tierdiag.store.reader import default_run, list_runs, open_store
 
-    with open_store(db) as con:
+    try:
+        con = open_store(db)
+    except NoRunsError:
+        return RunsView(db=db, runs=(), changes={}, default_run_id=None)
+    with con:
         infos = list_runs(con)
     return RunsView(db=db, runs=tuple(infos), changes={r.run_id: changed_from_defaults(r.config) for r in infos},
                     default_run_id=default_run(infos).run_id if infos else None)
@@ -209,7 +216,7 @@ def compare_view(db: Path, runs: list[str], *, sweep: str | None, by: str | None
     from tierdiag.diagnose.comparison.compare import (check_sort_key, compare_requests, compare_runs, compare_twins,
                                            observed_and_twins, sweep_runs)
     from tierdiag.errors import ConfigError
-    from tierdiag.store.reader import list_runs, open_store
+    from tierdiag.store.reader import list_runs, no_runs_error, open_store
 
     check_sort_key(by)
     if runs and sweep:
@@ -232,7 +239,10 @@ def compare_view(db: Path, runs: list[str], *, sweep: str | None, by: str | None
             infos = [_resolve(con, r, db) for r in runs]
         else:
             if sweep is None:
-                newest = [r.sweep_id for r in list_runs(con) if r.sweep_id]
+                every = list_runs(con)
+                if not every:
+                    raise no_runs_error(db)
+                newest = [r.sweep_id for r in every if r.sweep_id]
                 if not newest:
                     raise ConfigError(f"no sweep in {db}: give RUNS to compare, or run `tierdiag sweep` first")
                 sweep = newest[-1]

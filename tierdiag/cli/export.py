@@ -9,7 +9,7 @@ import typer
 
 from tierdiag.cli.common import DEFAULT_DB_PATH, DbOpt, JsonOpt, RunOpt
 from tierdiag.cli.sink import Sink, renders
-from tierdiag.store.reader import list_runs, open_store, resolve_run
+from tierdiag.store.reader import list_runs, no_runs_error, open_store, resolve_run
 
 
 def export(
@@ -24,6 +24,8 @@ def export(
 
     with open_store(db) as con:
         runs = list_runs(con) if all_runs else [resolve_run(con, run, db_label=str(db))]
+        if not runs:  # --all of a store with none: refused like every reader, DIR untouched
+            raise no_runs_error(db)
         result = export_parquet(con, runs, out_dir, replace_all=all_runs, inputs=[("--db", db)])
     Sink(json=json_).emit(result)
 

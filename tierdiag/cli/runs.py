@@ -41,6 +41,12 @@ def runs(
 def _listing(view: RunsView, console, *, db) -> None:
     from tierdiag.report.runs_view import render_runs
 
+    if not view.runs:  # the same line every other reader exits 4 with (store/reader.py no_runs_error)
+        from tierdiag.store.reader import no_runs_error
+
+        console.print(no_runs_error(db).one_line(), markup=False, highlight=False)
+        return
+
     render_runs(list(view.runs), console, db_label=str(db), options=view.changes, default_run_id=view.default_run_id)
     for r in view.runs:
         if r.status == "failed" and r.error:

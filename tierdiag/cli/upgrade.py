@@ -52,7 +52,13 @@ def replay_upgrade(trace: Path, cfg, releases: tuple[str, str], *, db: Path, run
         runner(trace, SimpleNamespace(configs=list(plan.configs)), db, Processes(jobs), sweep_id, skip_bad, compare=False)
     except SweepFailed as exc:
         failed = exc
-    with open_store(db) as con:
+    try:
+        con = open_store(db)
+    except StoreError:  # no run made it into the store (none there, no runs, ...)
+        if failed is not None:  # the sweep's own error says why
+            raise failed from None
+        raise
+    with con:
         runs = [r for r in list_runs(con) if r.sweep_id == sweep_id]
         try:
             view = upgrade_view(con, runs)

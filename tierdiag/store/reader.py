@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import time
 import weakref
 from dataclasses import dataclass, fields
@@ -20,8 +21,8 @@ import duckdb
 
 from tierdiag import signals
 from tierdiag.config.names import RunKind
-from tierdiag.errors import StoreError
-from tierdiag.paths import DEFAULT_DB  # noqa: F401 - re-exported: the store's default name
+from tierdiag.errors import ConfigError, NoRunsError, StoreError
+from tierdiag.paths import DEFAULT_DB, file_kind  # DEFAULT_DB re-exported too: the store's default name
 from tierdiag.store.schema import (EVENT_TABLES, OLDEST_READABLE_VERSION, OPTIONAL_TABLES, SCHEMA_VERSION, TABLES,
                                    columns_missing_in)
 from tierdiag.threads import OnThread
@@ -240,15 +241,45 @@ def show_added_columns(con: duckdb.DuckDBPyConnection, version: int) -> bool:
     return True
 
 
-def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
-    """Open a run store read-only after checking it is one, of our schema version."""
-    p = Path(path)
-    if not p.exists():
-        raise StoreError(f"no database at {p}", hint="run `tierdiag replay TRACE` first, or pass --db")
-    if p.is_dir():
+def no_runs_error(db: str | os.PathLike) -> NoRunsError:
+    """The one answer to a store with no run in it, whatever kind (errors.NoRunsError): `runs`
+    prints it as its listing, every other reader exits 4 with it."""
+    import shlex
+
+    where = "" if Path(db) == Path(DEFAULT_DB) else f" --db {shlex.quote(str(db))}"
+    return NoRunsError(f"{db} has no runs yet", hint=f"record one with `tierdiag replay TRACE{where}`")
+
+
+def _check_path(p: Path) -> None:
+    """What is at `p` before DuckDB opens it: nothing (a dangling link too), a folder, a special
+    file (never opened: a FIFO would block the open until a writer came), a 0-byte file (no runs)."""
+    try:
+        st = os.stat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        try:
+            there = f": it links to {os.readlink(p)}, which is not there" if p.is_symlink() else ""
+        except OSError:  # gone, or replaced by a file, since the stat
+            there = ""
+        raise StoreError(f"no database at {p}{there}", hint="run `tierdiag replay TRACE` first, or pass --db") from None
+    except OSError as exc:  # a link loop, a name too long, a folder we may not look into
+        raise StoreError(f"cannot read {p}: {exc.strerror or exc}") from None
+    except ValueError:  # a NUL in the name: nothing can be there
+        raise StoreError(f"no database at {p}", hint="run `tierdiag replay TRACE` first, or pass --db") from None
+    if stat.S_ISDIR(st.st_mode):
         raise StoreError(f"{p} is a folder, not a database file")
-    if p.is_file() and p.stat().st_size == 0:
-        raise StoreError(f"{p} is empty: no runs yet", hint="run `tierdiag replay TRACE --db FILE` into it")
+    if not stat.S_ISREG(st.st_mode):  # docs/contract.md §3: a FIFO or device as --db is refused (exit 2)
+        raise ConfigError(f"{p} is {file_kind(st.st_mode)}, not a database file",
+                          hint="pass the --db written by `tierdiag replay`")
+    if st.st_size == 0:
+        raise no_runs_error(p)
+
+
+def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
+    """Open a run store read-only after checking it is one, of our schema version. A store with
+    no run in it (the file's kinds: errors.NoRunsError) is NoRunsError, except one whose schema is
+    complete: its `runs` table is empty (the callers that need a run say so: `no_runs_error`)."""
+    p = Path(path)
+    _check_path(p)
     _last_opened.append(str(p))
     try:
         con = connect_with_retry(p, read_only=True)
@@ -264,12 +295,15 @@ def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
         damaged = damage_error(p, exc)
         if damaged is not None:
             raise damaged from None
-        raise StoreError(f"{p} is not a DuckDB database ({first_line(exc)})",
+        # DuckDB's own line names the file again: 'The file "P" exists, but it is not a valid
+        # DuckDB database file!'. Any other failure keeps its line.
+        why = "" if "not a valid duckdb database" in text else f" ({first_line(exc)})"
+        raise StoreError(f"{p} is not a DuckDB database{why}",
                          hint="pass the --db written by `tierdiag replay`") from None
     try:
         found = _tables(con)  # once: both checks read it
         if unfinished_store(con, found):
-            raise StoreError(f"{p} has no runs yet", hint="run `tierdiag replay TRACE --db FILE` into it")
+            raise no_runs_error(p)
         version = check_store(con, path_for_errors=str(p), found=found)
         _VIEWS_SHOWN[con] = show_added_columns(con, version)
     except duckdb.Error as exc:
@@ -434,7 +468,7 @@ def resolve_run(con: duckdb.DuckDBPyConnection, run: str | None, *, db_label: st
     either; None means the default run (`default_run`)."""
     runs = list_runs(con)
     if not runs:
-        raise StoreError(f"{db_label} has no runs yet", hint="run `tierdiag replay TRACE`")
+        raise no_runs_error(db_label)
     if run is None:
         return default_run(runs)
     if run == "":  # the prefix of every id: it picked the only run (`runs --delete "$UNSET"` deleted it)

@@ -36,7 +36,7 @@ from tierdiag.diagnose.dp.ranks import deployment, rank_summary
 from tierdiag.diagnose.twin.twin_error import TwinError, twin_clock, twin_error
 from tierdiag.units import share
 from tierdiag.errors import ConfigError, StoreError, TierdiagError
-from tierdiag.store.reader import RunInfo, list_runs
+from tierdiag.store.reader import RunInfo, list_runs, no_runs_error
 from tierdiag.diagnose.read.run import parse
 from tierdiag.diagnose.run.kv_memory import kv_memory
 TIERS = ("device", "host", "storage")
@@ -211,6 +211,8 @@ def compare_runs(con: duckdb.DuckDBPyConnection, runs: Sequence[RunInfo], *, by:
 def sweep_runs(con: duckdb.DuckDBPyConnection, sweep: str, *, db_label: str = "the database") -> tuple[str, list[RunInfo]]:
     """The runs of a sweep (id or unique id prefix), oldest first."""
     runs = list_runs(con)
+    if not runs:
+        raise no_runs_error(db_label)
     ids = sorted({r.sweep_id for r in runs if r.sweep_id})
     match = [s for s in ids if s == sweep] or [s for s in ids if s.startswith(sweep)]
     if len(match) != 1:
