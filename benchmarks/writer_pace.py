@@ -15,7 +15,8 @@ entry (app/writer_child.ENTRY) swapped for one that records every frame its read
 writer process (app/writer_child's entry, its close hook: the run evidence) started from the
 code's folder, handed the captured frames (the open's store swapped for a fresh one) with their
 captured gaps scaled so that the last (the engine's close) comes `span` seconds after the spawn
-(0: as fast as the pipe takes them, an engine far ahead of the writer). Printed: the close's wall
+(0: as fast as the pipe takes them, an engine far ahead of the writer), after `--head-start` s
+(a writer spawned that much sooner than the replay spawns it). Printed: the close's wall
 as the engine waits for it (the finish frame written -> the "finished" answer read), the rows
 (every table) the close found pending and the writes before it (the writer's `_Serve.write` and
 `_Serve.finish` wrapped: their times from the finish frame, the request share taken, the rows
@@ -143,9 +144,9 @@ def _cpu_ns(pid: int) -> tuple[int, int]:
     return total, main
 
 
-def _feed(out: int, frames: list, t_spawn: float, scale: float) -> None:
+def _feed(out: int, frames: list, t_start: float, scale: float) -> None:
     for t, body in frames:
-        wait = t_spawn + t * scale - time.monotonic()
+        wait = t_start + t * scale - time.monotonic()
         if wait > 0:
             time.sleep(wait)
         _write_all(out, struct.pack("<Q", len(body)))
@@ -153,7 +154,7 @@ def _feed(out: int, frames: list, t_spawn: float, scale: float) -> None:
 
 
 def run_once(root: Path, frames: list[tuple[float, bytes]], last: float, span: float, tmp: Path,
-             settings: dict) -> dict:
+             settings: dict, head: float = 0.0) -> dict:
     from tierdiag.store.frames import EOF, read_frame
 
     sched = tmp / "sched.json"
@@ -186,7 +187,7 @@ def run_once(root: Path, frames: list[tuple[float, bytes]], last: float, span: f
     reader.start()
     scale = span / last if last > 0 else 0.0
     try:
-        _feed(out, frames, t_spawn, scale)
+        _feed(out, frames, t_spawn + head, scale)
     except BrokenPipeError:
         err.seek(0)
         raise RuntimeError("the writer died: " + err.read()[-3000:]) from None
@@ -210,7 +211,7 @@ def run_once(root: Path, frames: list[tuple[float, bytes]], last: float, span: f
             "close_cpu": (all1 - all0) / 1e9, "close_main_cpu": (main1 - main0) / 1e9,
             "writes": sum(e["kind"] == "write" for e in evs), "writer_cpu": ru.ru_utime + ru.ru_stime,
             "inbox_most_mb": s["inbox_most"] / 2**20,
-            "engine_span": t_finish - t_spawn, "sched": evs}
+            "engine_span": t_finish - t_spawn - head, "sched": evs}
 
 
 def _sched_line(evs: list) -> str:
@@ -237,6 +238,8 @@ def main() -> None:
     r.add_argument("--baseline", type=Path, default=None, help="a built checkout, run in the same rounds")
     r.add_argument("--rounds", type=int, default=3)
     r.add_argument("--span", default="0,1", help="seconds from the writer's spawn to the engine's close, several")
+    r.add_argument("--head-start", default="0", help="seconds the writer is spawned before the captured "
+                   "timeline begins (a writer spawned sooner), several: each a run")
     r.add_argument("--set", action="append", default=[], help="writer_serve.NAME=VALUE (JSON value), this tree's writer only")
     r.add_argument("--quiet", action="store_true", help="no line per run")
     r.add_argument("--json", type=Path, default=None)
@@ -252,33 +255,34 @@ def main() -> None:
         settings[name.removeprefix("writer_serve.")] = json.loads(value)
     spans = [float(x) for x in a.span.split(",")]
     roots = [("this", ROOT)] + ([("base", a.baseline)] if a.baseline else [])
-    got: dict[tuple[str, float], list] = {(n, s): [] for s in spans for n, _ in roots}
+    heads = [float(x) for x in a.head_start.split(",")]
+    got: dict[tuple[str, float, float], list] = {(n, s, h): [] for s in spans for h in heads for n, _ in roots}
     with tempfile.TemporaryDirectory(prefix="tierdiag-pace-") as td:
         tmp = Path(td)
         for rnd in range(a.rounds):
-            for span in spans:
+            for span, head in [(s, h) for s in spans for h in heads]:
                 for name, root in (roots if rnd % 2 == 0 else roots[::-1]):
                     db = tmp / f"{name}.duckdb"
                     for p in (db, Path(str(db) + ".wal")):
                         p.unlink(missing_ok=True)
                     frames, last = _frames(a.capture, db)
-                    res = run_once(root, frames, last, span, tmp, settings if name == "this" else {})
-                    got[(name, span)].append(res)
+                    res = run_once(root, frames, last, span, tmp, settings if name == "this" else {}, head)
+                    got[(name, span, head)].append(res)
                     if not a.quiet:
-                        print(f"round {rnd + 1} span {span} {name}: close {res['close_wall'] * 1e3:.0f} ms "
+                        print(f"round {rnd + 1} span {span} head {head} {name}: close {res['close_wall'] * 1e3:.0f} ms "
                               f"(CPU {res['close_cpu'] * 1e3:.0f} ms, main thread {res['close_main_cpu'] * 1e3:.0f}), "
                               f"{res['close_rows']} rows at the close, {res['writes']} writes, writer CPU "
                               f"{res['writer_cpu']:.2f} s, inbox most {res['inbox_most_mb']:.1f} MB, fed in "
                               f"{res['engine_span']:.2f} s\n   " + _sched_line(res["sched"]), flush=True)
     with open("/proc/loadavg") as fh:
         print("load average at the end:", " ".join(fh.read().split()[:3]))
-    for (name, span), rs in got.items():
+    for (name, span, head), rs in got.items():
         def rng(k: str) -> str:
             v = [r[k] for r in rs]
             return f"{statistics.median(v):.3f} ({min(v):.3f}..{max(v):.3f})"
-        print(f"span {span} {name}: " + ", ".join(f"{k} {rng(k)}" for k in KEYS))
+        print(f"span {span} head {head} {name}: " + ", ".join(f"{k} {rng(k)}" for k in KEYS))
     if a.json:
-        a.json.write_text(json.dumps({f"{n}@{s}": rs for (n, s), rs in got.items()}, indent=1))
+        a.json.write_text(json.dumps({f"{n}@{s}+{h}": rs for (n, s, h), rs in got.items()}, indent=1))
 
 
 if __name__ == "__main__":
