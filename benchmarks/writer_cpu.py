@@ -147,8 +147,30 @@ for _m, _q, _l, _i in _CPU_PARTS:
 _inboxes = []  # writer_serve.Inbox (session 23): what the bound did
 def _inbox_stats():
     return [{"most": b.most, "waits": b.waits, "waited_s": b.waited_s, "limit": b.limit} for b in _inboxes]
+_sched = []  # the serve loop's writes and its close: when, how far the run was, what they carried
+def _sched_patch(module):
+    S = getattr(module, "_Serve", None)
+    if S is None:
+        return
+    def _state(self, kind):
+        ib = self.inbox
+        return {"kind": kind, "at": time.monotonic(), "taken": getattr(self, "taken", None),
+                "expected": getattr(self, "expected", None), "rows": getattr(self, "rows_pending", None),
+                "inbox_b": ib.held() if hasattr(ib, "held") else None, "inbox_n": len(getattr(ib, "_items", ()))}
+    for name, kind in (("write", "write"), ("finish", "close")):
+        fn = S.__dict__.get(name)
+        if fn is None:
+            continue
+        def w(self, *a, _fn=fn, _kind=kind, **k):
+            ev = _state(self, _kind); c = time.thread_time()
+            try:
+                return _fn(self, *a, **k)
+            finally:
+                ev["wall"] = time.monotonic() - ev["at"]; ev["cpu"] = time.thread_time() - c; _sched.append(ev)
+        setattr(S, name, functools.wraps(fn)(w))
 def _cpu_patch(module):
     if _ROLE_IS_WRITER and module.__name__ == "tierdiag.store.writer_serve":
+        _sched_patch(module)
         module.pickle = _PickleShim()
         if hasattr(module, "loads"):  # (session 28: frames.loads, out-of-band buffers) its own unpickling
             module.loads = _cpu_wrap(module.loads, "unpickle", -1)
@@ -200,7 +222,7 @@ _DUMP_NEW = ('json.dump({"marks": _marks, "cpu_s": ru.ru_utime + ru.ru_stime, "m
              '"sys_s": ru.ru_stime, "minflt": ru.ru_minflt, '
              '"main_thread_cpu": time.thread_time(), "main_thread_faults": _thread_faults(), "main_thread_sys": _thread_sys(), '
              '"main_tid": _th.main_thread().native_id, '
-             '"threads": _threads, "tasks": _tasks(), "parts": dict(_part_cpu), "part_n": dict(_part_n), "inbox": _inbox_stats()}, fh)')
+             '"threads": _threads, "tasks": _tasks(), "parts": dict(_part_cpu), "part_n": dict(_part_n), "inbox": _inbox_stats(), "sched": _sched}, fh)')
 
 
 def hook_code() -> str:
@@ -230,10 +252,18 @@ def run_once(root: Path, trace: Path, tmp: Path, tag: str, extra: list[str], pro
         (prof_dir / f"thread-MainThread-{writer['main_tid']}.prof").write_bytes((tmp / f"{tag}-writer.prof").read_bytes())
     for p in (db, Path(str(db) + ".wal")):
         p.unlink(missing_ok=True)
+    ends = [t for n, t in main["marks"] if n == "engine_run<"]
+    w = None if writer is None else _writer(writer)
+    if w is not None:
+        # the writes and the close, their times from the engine's end (Engine.run returned: one
+        # monotonic clock for both processes)
+        end = ends[-1] if ends else None
+        w["sched"] = [{**ev, "at": None if end is None else ev["at"] - end} for ev in writer.get("sched") or []]
     return {"wall_s": wall, "cpu_all_s": cpu_all,
             "main_cpu_s": main["cpu_s"], "main_rss_mb": main["maxrss_kb"] / 1024,
             "engine_run_s": _span(main["marks"], "engine_run"),
-            "writer": None if writer is None else _writer(writer)}
+            "finish_wait_s": _span(main["marks"], "finish_wait"),
+            "writer": w}
 
 
 def _span(marks, label: str) -> float | None:
@@ -275,11 +305,32 @@ def report(name: str, r: dict) -> None:
     print("   threads: " + ", ".join(f"{k} {v:.3f}" + (f" (sys {w['thread_sys'][k]:.3f}, {w['thread_faults'][k]} faults)"
                                                          if k in w.get("thread_faults", {}) else "")
                                    for k, v in sorted(w["threads"].items(), key=lambda kv: -kv[1])))
+    print(f"   close:   the engine waited {r.get('finish_wait_s') or 0:.3f} s (WriterProcess.finish); "
+          + _sched_line(w.get("sched") or []))
     for b in w.get("inbox") or []:
         print(f"   inbox:   most {b['most'] / 2**20:.1f} MB held (limit {b['limit'] / 2**20:.0f} MB), "
               f"{b['waits']} waits for room, {b['waited_s']:.2f} s")
     print("   parts:   " + ", ".join(f"{k} {v:.2f} ({w['part_n'][k]})"
                                      for k, v in sorted(w["parts"].items(), key=lambda kv: -kv[1])))
+
+
+def close_rows(w: dict) -> int | None:
+    """The rows (all tables) the close found pending: written on the path the replay waits for."""
+    closes = [ev for ev in w.get("sched") or [] if ev["kind"] == "close"]
+    return closes[-1]["rows"] if closes else None
+
+
+def _sched_line(sched: list) -> str:
+    """The writes and the close: at (s from the engine's end), the trace's share taken, rows
+    pending, inbox MB, wall / CPU ms."""
+    out = []
+    for ev in sched:
+        share = f"{ev['taken'] / ev['expected']:.0%}" if ev.get("expected") else f"{ev.get('taken')}"
+        at = "?" if ev["at"] is None else f"{ev['at']:+.2f}"
+        out.append(f"{ev['kind']} {at} s @{share} {ev['rows']} rows inbox {ev['inbox_b'] / 2**20:.1f} MB/"
+                   f"{ev['inbox_n']} {ev['wall'] * 1e3:.0f}/{ev['cpu'] * 1e3:.0f} ms")
+    writes = sum(ev["kind"] == "write" for ev in sched)
+    return f"{writes} mid-run writes; " + "; ".join(out)
 
 
 def print_profiles(prof_dir: Path, top: int) -> None:
@@ -329,6 +380,12 @@ def main() -> None:
                      f"(sys {med(lambda r: r['writer']['sys_s'] or 0):.3f} s, "
                      f"{med(lambda r: r['writer']['minflt'] or 0):.0f} minor faults), "
                      f"writer peak {med(lambda r: r['writer']['rss_mb']):.0f} MB")
+            rng = lambda f: (f"{statistics.median(f(r) for r in rs):.3f} "  # noqa: E731
+                             f"({min(f(r) for r in rs):.3f}..{max(f(r) for r in rs):.3f})")
+            line += (f"\n   the engine's wait for the close {rng(lambda r: r['finish_wait_s'] or 0)} s, "
+                     f"rows at the close {rng(lambda r: close_rows(r['writer']) or 0)}, "
+                     f"mid-run writes {rng(lambda r: sum(e['kind'] == 'write' for e in r['writer'].get('sched') or []))}, "
+                     f"wall {rng(lambda r: r['wall_s'])} s, writer CPU {rng(lambda r: r['writer']['cpu_s'])} s")
         print(line)
     if a.profile is not None:
         for name, _, probes in keys:
