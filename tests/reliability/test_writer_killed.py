@@ -6,6 +6,7 @@ writer's entry writes a marker and sleeps where the window is), so the kill land
 time, not by a clock:
 
 - a: before the writer creates (or opens) the file
+- a1: the marker of a store being made left beside the path (store/creating.py), the file not made
 - a2: the file made (DuckDB's header), before the schema is committed
 - b: the schema committed, before the run's row
 - c: after the run's row and a write of rows
@@ -69,6 +70,14 @@ def _held(self, *a, **k):
     return _real(self, *a, **k)
 _w.RunWriter.__init__ = _held
 """,
+    "a1": """
+from tierdiag.store import writer as _w
+_real = _w.RunWriter._connect
+def _held(self, *a, **k):
+    _hold()
+    return _real(self, *a, **k)
+_w.RunWriter._connect = _held
+""",
     "a2": """
 from tierdiag.store import writer as _w
 _real = _w.init_store
@@ -120,7 +129,7 @@ def _held_after(*a):
 _close.after_commit = _held_after
 """
 
-BEFORE_RUN = ("a", "a2", "b")  # no run's row committed: nothing recorded
+BEFORE_RUN = ("a", "a1", "a2", "b")  # no run's row committed: nothing recorded
 N = 3000  # request rows a batch
 
 
@@ -202,6 +211,9 @@ def _check(db: Path, problem, run_id: str, window: str, before: str, status: str
     line = problem.one_line()
     assert "\n" not in line and f"pid {pid}" in line and "SIGKILL" in line, line
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    from tierdiag.store.creating import marker
+
+    assert not marker(db).exists(), "the marker of a store being made left behind"  # store/creating.py
     if before == "store":
         assert db.exists()
         assert listed_runs(db)[0] == earlier, "an earlier run changed"
@@ -225,7 +237,7 @@ def _check(db: Path, problem, run_id: str, window: str, before: str, status: str
         assert "before the run was closed" in line, line
 
 
-@pytest.mark.parametrize("window", ["a", "b", "c", "d2"])
+@pytest.mark.parametrize("window", ["a", "a1", "b", "c", "d2"])
 def test_the_writer_killed_in_a_window_of_a_new_store(tmp_path, earlier, window):
     """One of each kind, quick: the file removed (a, b), the run failed with its rows (c), the
     run kept as the writer closed it (d2)."""
@@ -235,7 +247,7 @@ def test_the_writer_killed_in_a_window_of_a_new_store(tmp_path, earlier, window)
 
 @pytest.mark.slow
 @settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(window=st.sampled_from(["a", "a2", "b", "c", "d1", "d2"]), before=st.sampled_from(["none", "empty", "store"]),
+@given(window=st.sampled_from(["a", "a1", "a2", "b", "c", "d1", "d2"]), before=st.sampled_from(["none", "empty", "store"]),
        status=st.sampled_from(["complete", "interrupted"]))
 def test_the_writer_killed_in_any_window(tmp_path, earlier, window, before, status):
     """Every window x what was at the path x the close's status (Hypothesis draws): the rules
