@@ -54,30 +54,16 @@ def _hold():
 _HELD_BEFORE = """
 from tierdiag.store import writer as _w
 _real = _w.RunWriter.{method}
-def _held(self):
+def _held(self, *a, **k):
     _hold()
-    return _real(self)
+    return _real(self, *a, **k)
 _w.RunWriter.{method} = _held
 """
 
 # Where each window holds the writer (in its own process, before its entry runs).
 WINDOWS = {
-    "a": """
-from tierdiag.store import writer as _w
-_real = _w.RunWriter.__init__
-def _held(self, *a, **k):
-    _hold()
-    return _real(self, *a, **k)
-_w.RunWriter.__init__ = _held
-""",
-    "a1": """
-from tierdiag.store import writer as _w
-_real = _w.RunWriter._connect
-def _held(self, *a, **k):
-    _hold()
-    return _real(self, *a, **k)
-_w.RunWriter._connect = _held
-""",
+    "a": _HELD_BEFORE.format(method="__init__"),
+    "a1": _HELD_BEFORE.format(method="_connect"),
     "a2": """
 from tierdiag.store import writer as _w
 _real = _w.init_store
@@ -107,6 +93,16 @@ _s._Serve.write = _held
     "d1": _HELD_BEFORE.format(method="_lift_memory"),
     "d2": "",  # the close hook holds (`_after` below; the replay's: diagnose.run.close.after_commit)
     "d3": _HELD_BEFORE.format(method="let_go"),
+    # the evidence stored, as the writer is about to answer the close (test_writer_died_late.py)
+    "d2b": """
+from tierdiag.store import writer_serve as _s
+_real_reply = _s._Serve.reply
+def _held_reply(self, msg):
+    if msg[0] == "finished":
+        _hold()
+    return _real_reply(self, msg)
+_s._Serve.reply = _held_reply
+""",
 }
 
 # The store writer's own loop (no replay's evidence), its close hook held in window d2.
