@@ -65,11 +65,10 @@ def _files(folder: Path) -> dict:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-def _is_cut_creation(kind: str, size: int, marked: bool, wal: str) -> bool:
-    """The rule, from how each file was made (not from its bytes): a creation cut between
-    DuckDB's whole writes holds its main header and nothing else of any database."""
-    holds_nothing = size in (4096, 8192) and (kind == "fresh" or (kind == "store" and size == 4096))
-    return marked and holds_nothing and wal != "data"
+def _holds_nothing(kind: str, size: int, wal: str) -> bool:
+    """The rule, from how each file was made (not from its bytes): cut between DuckDB's whole
+    writes of a new database (any store's first 4 KiB: its main header alone), no log with data."""
+    return size in (4096, 8192) and (kind == "fresh" or (kind == "store" and size == 4096)) and wal != "data"
 
 
 @settings(max_examples=70, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -91,7 +90,7 @@ def test_a_cut_file_is_made_afresh_only_where_it_was_a_replays_creation(sources,
         else:
             r = tierdiag_in_process(*command, "--db", db)
         assert "Traceback" not in r.err, r.err
-        cut = _is_cut_creation(kind, size, marked, wal)
+        cut = marked and _holds_nothing(kind, size, wal)
         if command == ("replay",) and cut:
             assert r.code == 0, r.err
             (run,) = tierdiag_in_process("runs", "--json", "--db", db).json()
@@ -107,7 +106,7 @@ def test_a_cut_file_is_made_afresh_only_where_it_was_a_replays_creation(sources,
         assert r.code == 4 and r.out == "" and len(lines) == 1 and lines[0].startswith("tierdiag: error: "), r.err
         if cut:
             assert "has no runs yet" in lines[0], lines[0]
-        elif size in (4096, 8192) and kind == "fresh" and wal != "data":  # the shape, no marker
+        elif _holds_nothing(kind, size, wal):  # the shape, no marker: refused, with the hint
             assert "remove it to record into this path" in lines[0], lines[0]
         else:
             assert "remove it to record" not in lines[0], lines[0]
