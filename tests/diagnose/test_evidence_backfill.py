@@ -197,18 +197,42 @@ def test_a_store_another_process_holds_is_not_written_and_the_answer_is_whole(st
     assert _rows(db, run_id) == _rows(store["db"], run_id)
 
 
-@pytest.mark.parametrize("status", ["failed", "running"])
-def test_a_run_without_a_final_status_is_never_stored(store, tmp_path, status):
+def test_a_running_run_is_never_stored(store, tmp_path):
     run_id = store["ids"]["one"]
     db = tmp_path / "s.duckdb"
     shutil.copy(store["db"], db)
     _drop(db, run_id)
     # `running` with a process that is gone: readers take it as interrupted, but nothing says its
-    # writer is done; a failed run's close stores none either.
-    _sql(db, "UPDATE runs SET status = ?, pid = 2147483646 WHERE run_id = ?", [status, run_id])
+    # writer is done (its rows may still grow).
+    _sql(db, "UPDATE runs SET status = 'running', pid = 2147483646 WHERE run_id = ?", [run_id])
     r = tierdiag_in_process("summary", "--db", db, "--run", run_id, "--json")
     assert r.code == 0, r.err
     assert _rows(db, run_id) == ([], [])
+
+
+@pytest.mark.parametrize("which", ["one", "dp2", "empty"])
+def test_a_failed_runs_evidence_is_stored_as_an_interrupted_runs(store, tmp_path, monkeypatch, which):
+    """A failed run (its close stores none: the writer or its disk failed there) gets the row a
+    close would store for its rows, byte for byte, from its first reader; the next reader reads
+    it and answers the same as the first, as one over the close's row and as one that computes
+    each fact from the rows (where it cannot store)."""
+    run_id = store["ids"][which]
+    db, ref, computed = tmp_path / "f.duckdb", tmp_path / "ref.duckdb", tmp_path / "c.duckdb"
+    for path in (db, ref, computed):
+        shutil.copy(store["db"], path)
+        _drop(path, run_id)
+        _sql(path, "UPDATE runs SET status = 'failed', error = 'the writer process died' WHERE run_id = ?", [run_id])
+    expected = _close_again(ref, run_id)
+    assert expected[0] and json.loads(expected[0][0][1])  # the close's row for these rows
+    first = _summary(db, run_id)
+    assert first["status"] == "failed"
+    assert _rows(db, run_id) == expected  # byte for byte: version, JSON text, the lookup's rows
+    assert B.pending() == []
+    assert _summary(db, run_id) == first == _summary(ref, run_id)  # read back; over the close's row
+    with monkeypatch.context() as m:
+        m.setattr(B, "_storable_path", lambda con, run: None)  # as a store it cannot write
+        assert _summary(computed, run_id) == first
+    assert _rows(computed, run_id) == ([], [])
 
 
 def test_the_writers_own_reads_are_left_as_they_were(store, tmp_path):
@@ -297,7 +321,7 @@ def test_the_store_writes_exactly_where_it_should_in_one_transaction(tiny, tmp_p
                         [S.EVIDENCE_VERSION, payload + "x"])
         had = con.execute("SELECT * FROM run_evidence").fetchall() if before != "no table" else None
         wrote = SE.store_missing_evidence(con, RUN, S.EVIDENCE_VERSION, payload)
-        should = status in ("complete", "interrupted") and before != "same"
+        should = status in ("complete", "interrupted", "failed") and before != "same"
         assert wrote == should
         lookup = con.execute("SELECT count(*) FROM request_lookup WHERE run_id = ?", [RUN]).fetchall()[0][0]
         requests = con.execute("SELECT count(*) FROM requests WHERE run_id = ? AND req_id IS NOT NULL",

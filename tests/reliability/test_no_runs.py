@@ -86,9 +86,27 @@ def _every_run_deleted(p: Path) -> None:
     assert tierdiag_in_process("runs", "--json", "--db", p).json() == []
 
 
+def _cut(size: int, *, marked: bool):
+    """A new store cut between DuckDB's first writes (its main header, then its two database
+    headers, 4 KiB each), as a kill there leaves it; `marked`: with the marker a replay leaves
+    beside a store it is making (store/creating.py), which says it was tierdiag's."""
+    def make(p: Path) -> None:
+        from tierdiag.store import creating
+
+        with tempfile.TemporaryDirectory() as tmp:
+            duckdb.connect(f"{tmp}/fresh.duckdb").close()
+            p.write_bytes(Path(f"{tmp}/fresh.duckdb").read_bytes()[:size])
+        if marked:
+            creating.begin(p)
+
+    return make
+
+
 NO_RUNS = {"zero bytes": _zero_bytes, "duckdb header": _duckdb_header, "schema begun": _schema_begun,
            "schema": _schema, "schema in the log": _schema_in_log, "older schema": _older_schema,
-           "every run deleted": _every_run_deleted}
+           "every run deleted": _every_run_deleted,
+           # a replay's creation cut inside DuckDB's header (issue 41, session 39)
+           "cut at 4 KiB, marked": _cut(4096, marked=True), "cut at 8 KiB, marked": _cut(8192, marked=True)}
 
 
 def _text(p: Path) -> None:
@@ -149,6 +167,8 @@ NOT_A_STORE = {"missing": (lambda p: None, 4, "no database at"),
                "folder": (_folder, 4, "is a folder, not a database file"),
                "text": (_text, 4, "is not a DuckDB database"),
                "noise": (_noise, 4, "is not a DuckDB database"),
+               # no marker: tierdiag cannot say it was its own; refused, the hint says what to do
+               "cut at 8 KiB, unmarked": (_cut(8192, marked=False), 4, "remove it to record into this path"),
                "fifo": (_fifo, 2, "is a FIFO (named pipe), not a database file"),
                "device": (_device, 2, "is a character device, not a database file")}
 

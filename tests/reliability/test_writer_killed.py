@@ -6,6 +6,7 @@ writer's entry writes a marker and sleeps where the window is), so the kill land
 time, not by a clock:
 
 - a: before the writer creates (or opens) the file
+- a1: the marker of a store being made left beside the path (store/creating.py), the file not made
 - a2: the file made (DuckDB's header), before the schema is committed
 - b: the schema committed, before the run's row
 - c: after the run's row and a write of rows
@@ -53,22 +54,16 @@ def _hold():
 _HELD_BEFORE = """
 from tierdiag.store import writer as _w
 _real = _w.RunWriter.{method}
-def _held(self):
+def _held(self, *a, **k):
     _hold()
-    return _real(self)
+    return _real(self, *a, **k)
 _w.RunWriter.{method} = _held
 """
 
 # Where each window holds the writer (in its own process, before its entry runs).
 WINDOWS = {
-    "a": """
-from tierdiag.store import writer as _w
-_real = _w.RunWriter.__init__
-def _held(self, *a, **k):
-    _hold()
-    return _real(self, *a, **k)
-_w.RunWriter.__init__ = _held
-""",
+    "a": _HELD_BEFORE.format(method="__init__"),
+    "a1": _HELD_BEFORE.format(method="_connect"),
     "a2": """
 from tierdiag.store import writer as _w
 _real = _w.init_store
@@ -98,6 +93,16 @@ _s._Serve.write = _held
     "d1": _HELD_BEFORE.format(method="_lift_memory"),
     "d2": "",  # the close hook holds (`_after` below; the replay's: diagnose.run.close.after_commit)
     "d3": _HELD_BEFORE.format(method="let_go"),
+    # the evidence stored, as the writer is about to answer the close (test_writer_died_late.py)
+    "d2b": """
+from tierdiag.store import writer_serve as _s
+_real_reply = _s._Serve.reply
+def _held_reply(self, msg):
+    if msg[0] == "finished":
+        _hold()
+    return _real_reply(self, msg)
+_s._Serve.reply = _held_reply
+""",
 }
 
 # The store writer's own loop (no replay's evidence), its close hook held in window d2.
@@ -120,7 +125,7 @@ def _held_after(*a):
 _close.after_commit = _held_after
 """
 
-BEFORE_RUN = ("a", "a2", "b")  # no run's row committed: nothing recorded
+BEFORE_RUN = ("a", "a1", "a2", "b")  # no run's row committed: nothing recorded
 N = 3000  # request rows a batch
 
 
@@ -202,6 +207,9 @@ def _check(db: Path, problem, run_id: str, window: str, before: str, status: str
     line = problem.one_line()
     assert "\n" not in line and f"pid {pid}" in line and "SIGKILL" in line, line
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    from tierdiag.store.creating import marker
+
+    assert not marker(db).exists(), "the marker of a store being made left behind"  # store/creating.py
     if before == "store":
         assert db.exists()
         assert listed_runs(db)[0] == earlier, "an earlier run changed"
@@ -225,7 +233,7 @@ def _check(db: Path, problem, run_id: str, window: str, before: str, status: str
         assert "before the run was closed" in line, line
 
 
-@pytest.mark.parametrize("window", ["a", "b", "c", "d2"])
+@pytest.mark.parametrize("window", ["a", "a1", "b", "c", "d2"])
 def test_the_writer_killed_in_a_window_of_a_new_store(tmp_path, earlier, window):
     """One of each kind, quick: the file removed (a, b), the run failed with its rows (c), the
     run kept as the writer closed it (d2)."""
@@ -235,7 +243,7 @@ def test_the_writer_killed_in_a_window_of_a_new_store(tmp_path, earlier, window)
 
 @pytest.mark.slow
 @settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(window=st.sampled_from(["a", "a2", "b", "c", "d1", "d2"]), before=st.sampled_from(["none", "empty", "store"]),
+@given(window=st.sampled_from(["a", "a1", "a2", "b", "c", "d1", "d2"]), before=st.sampled_from(["none", "empty", "store"]),
        status=st.sampled_from(["complete", "interrupted"]))
 def test_the_writer_killed_in_any_window(tmp_path, earlier, window, before, status):
     """Every window x what was at the path x the close's status (Hypothesis draws): the rules

@@ -28,7 +28,7 @@ from tierdiag import signals
 from tierdiag.diagnose.read.quantile import nearest_rank, nearest_rank_index
 from tierdiag.units import ns_to_ms
 from tierdiag.config.engine import EngineConfig
-from tierdiag.errors import ConfigError, TierdiagError, TraceError
+from tierdiag.errors import ConfigError, StoreError, TierdiagError, TraceError
 from tierdiag.store.storage_dir import run_folder
 from tierdiag.trace.fields import show
 from tierdiag.trace.reader import MAX_ARRIVAL_NS, ReadReport, is_seekable_file, read_trace, trace_sha256
@@ -155,6 +155,20 @@ class ReplayInterrupted(KeyboardInterrupt):
         self.status = status  # what the run was closed as
         # a second signal stopped the close once the rows and status were committed: no evidence
         self.stopped_again = stopped_again
+
+
+class WriterDiedLate(StoreError):
+    """The writer process died once it had recorded the run whole: its rows and its `complete`
+    status committed, then it died computing the evidence or before it answered the close
+    (docs/contract.md section 7). Nothing recorded is lost; the error is the writer's death
+    (exit 4, as in every window the writer can die in), and `result` is the replay's result as
+    the close would have given it: the closing numbers read back from the store, as `summary`
+    reads them (diagnose/run/close.py `numbers_read_back`). None where they could not be read
+    (the store held past the wait, damaged): then the line alone, as before."""
+
+    def __init__(self, died: TierdiagError, result: ReplayResult | None):
+        super().__init__(died.message, hint=died.hint)
+        self.result = result
 
 
 def _first_line(exc: BaseException) -> str:
@@ -352,6 +366,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
     storage_dir = None
     storage_tmp = None
     engine = None
+    died_late: TierdiagError | None = None
     last_flush = [time.monotonic()]
 
     def on_progress(done: int, now_ns: int, stats) -> None:
@@ -396,7 +411,13 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
                 # reaped at that exit, after the result, not waited for here.
                 recording.finished(reap_at_exit=reap_at_exit)
             if problem is not None:
-                raise problem
+                if recording.writer.closed_as != "complete":
+                    raise problem
+                # The writer process died after it had committed the run as complete (every row,
+                # the status): the run stands; its closing numbers are read back below.
+                died_late = problem
+                problem.hint = ((problem.hint + "; ") if problem.hint else "") + _where_kept(recording.writer, db,
+                                                                                              recorded())
             closed.append(recording.writer)
     except BaseException as exc:
         _on_failure(exc, recording, db, recorded)
@@ -410,13 +431,40 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
             _remove_unowned_storage(storage_dir)
     # A recorded run's closing numbers are `summary`'s, read back: one definition per metric
     # (by the writer process, after the run evidence it stored, when there is one).
-    numbers = recording.numbers()
+    if died_late is not None:
+        numbers = _numbers_read_back(db, recording.writer.run_id)
+        if numbers is None:
+            raise WriterDiedLate(died_late, None)
+    else:
+        numbers = recording.numbers()
     t_end = time.perf_counter()
-    return _result(stats, numbers, recording, trace, cfg, first_arrival_ns=int(first.arrival_ns * cfg.time_scale),
-                   db=db, run_name=run_name, report=report, data_plane=describe_data_plane(cfg),
-                   storage_dir=storage_dir if storage_tmp is None else None, storage_bytes=storage_bytes,
-                   wall_phases={"start_s": t_engine - t0, "engine_s": t_close - t_engine, "close_s": t_end - t_close},
-                   wall_s=t_end - t0)
+    result = _result(stats, numbers, recording, trace, cfg, first_arrival_ns=int(first.arrival_ns * cfg.time_scale),
+                     db=db, run_name=run_name, report=report, data_plane=describe_data_plane(cfg),
+                     storage_dir=storage_dir if storage_tmp is None else None, storage_bytes=storage_bytes,
+                     wall_phases={"start_s": t_engine - t0, "engine_s": t_close - t_engine, "close_s": t_end - t_close},
+                     wall_s=t_end - t0)
+    if died_late is not None:
+        raise WriterDiedLate(died_late, result)
+    return result
+
+
+def _numbers_read_back(db: Path, run_id: str) -> dict | None:
+    """The closing numbers of a run whose writer died after it had closed it, read from the store
+    (None where they cannot be: the store held past the wait, damaged; said by the caller)."""
+    import duckdb
+
+    from tierdiag.diagnose.run.close import numbers_read_back
+
+    try:
+        with signals.deferred():  # an interrupt waits for the read (the run stays complete)
+            return numbers_read_back(db, run_id)
+    except (TierdiagError, duckdb.Error, OSError):
+        return None
+
+
+def _where_kept(writer, db: Path | None, recorded: int) -> str:
+    """'run R kept in DB as S, N requests recorded': where a run that did not end as it should is."""
+    return f"run {writer.run_id} kept in {db} as {writer.closed_as or 'running'}, {_requests(recorded)} recorded"
 
 
 def _open_run(recording, db: Path, trace: Path, cfg: EngineConfig, *, run_name: str | None, sha: str | None,
@@ -479,8 +527,7 @@ def _on_failure(exc: BaseException, recording, db: Path | None, recorded: Callab
         # (damaged, busy, ...), the error as a RunWriter would have raised it.
         if writer.has_run:
             exc.hint = ((exc.hint + "; ") if exc.hint else "") + (
-                f"run {writer.run_id} kept in {db} as {writer.closed_as or 'running'}, "
-                f"{_requests(recorded())} recorded"
+                _where_kept(writer, db, recorded())
                 + ("" if closing is None or closing is exc else f" ({closing.message})"))
     elif not _closed(writer):
         with signals.deferred(reraise=False):

@@ -168,7 +168,7 @@ def run_and_leave(build_app) -> None:
     """`run`, then, after a command that asked for it (`leave_without_teardown`), the end of
     the process without the interpreter's teardown (`_leave`). `run` itself returns or raises
     SystemExit as ever, for whoever calls it."""
-    _ENDS_THE_PROCESS.append(True)
+    the_process_ends_after(by_leave=True)
     try:
         run(build_app)
     except SystemExit as exc:
@@ -185,21 +185,23 @@ def run_and_leave(build_app) -> None:
 _LEAVE_FAST: list[bool] = []
 
 
-# Set by `run_and_leave` (the console script, `python -m tierdiag`): the command's process ends
-# when it returns. Not by Typer's test runner, which runs commands inside a longer process.
-_ENDS_THE_PROCESS: list[bool] = []
-_ENDS_AFTER: list[bool] = []  # `the_process_ends_after`
+# How this process ends once the command returns, where it does (`the_process_ends_after`):
+# "exits" (cli/main.py `main`: the interpreter's own exit) or "leaves" (`run_and_leave`, the
+# console script and `python -m tierdiag`: `_leave` where the command asked for it). Empty under
+# Typer's test runner, which runs commands inside a longer process.
+_PROCESS_ENDS: list[str] = []
 
 
-def the_process_ends_after() -> None:
-    """Say that this process ends once the command returns (cli/main.py `main` and `entry`; not a
-    test's in-process call): a command may then end it itself where it must (`leave_now`)."""
-    _ENDS_AFTER.append(True)
+def the_process_ends_after(*, by_leave: bool = False) -> None:
+    """Say that this process ends once the command returns (cli/main.py `main`; `run_and_leave`
+    with `by_leave`; not a test's in-process call): a command may then end it itself where it
+    must (`leave_now`)."""
+    _PROCESS_ENDS.append("leaves" if by_leave else "exits")
 
 
 def process_ends_after() -> bool:
     """Whether this process ends once the command returns (`the_process_ends_after`)."""
-    return bool(_ENDS_AFTER) or bool(_ENDS_THE_PROCESS)
+    return bool(_PROCESS_ENDS)
 
 
 def leave_without_teardown() -> None:
@@ -211,7 +213,7 @@ def process_ends_unfreed() -> bool:
     """Whether this process ends by `_leave` once the command returns (`entry` runs it and the
     command asked for it): what it holds then is never freed, so a command may leave the
     collector's passes off its objects (`gc.freeze`)."""
-    return bool(_ENDS_THE_PROCESS) and bool(_LEAVE_FAST)
+    return "leaves" in _PROCESS_ENDS and bool(_LEAVE_FAST)
 
 
 def _leave(code: object) -> None:

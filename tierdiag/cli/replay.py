@@ -176,7 +176,7 @@ def replay(
         return replay_upgrade(trace, cfg, releases, db=db, run_name=run_name, jobs=jobs, skip_bad=skip_bad,
                               json_=json_)
     # Imported here, not at the top: every command module is imported to register it.
-    from tierdiag.app.replay import ReplayInterrupted, replay as run_replay
+    from tierdiag.app.replay import ReplayInterrupted, WriterDiedLate, replay as run_replay
 
     if not json_:
         # What the closing table and an interrupt's line print with, loaded now, whole: a signal
@@ -189,6 +189,7 @@ def replay(
             import tierdiag.report.terminal  # noqa: F401
 
     bar, progress = _progress_bar(trace, show_bar=not json_)
+    died_late = None
     with bar:
         try:
             summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name,
@@ -201,6 +202,12 @@ def replay(
                 bar.stop()
             # The CLI's one place for interrupts prints it and exits 130 (143 for SIGTERM).
             raise RunInterrupted(_interrupted_line(exc)) from None
+        except WriterDiedLate as exc:
+            # The run recorded whole, its writer dead after: its result (the closing numbers read
+            # back from the store) as ever on stdout, then the writer's death, exit 4.
+            if exc.result is None:
+                raise
+            summary, died_late = exc.result, exc
 
     try:
         if summary.bad_lines:
@@ -215,6 +222,8 @@ def replay(
         kept = ReplayInterrupted(summary.run_id, summary.db_path, summary.num_requests + summary.num_rejected,
                                  status=summary.status)
         raise RunInterrupted(_interrupted_line(kept)) from None
+    if died_late is not None:
+        raise died_late
 
 
 def _leave_stopped_again(bar, progress):

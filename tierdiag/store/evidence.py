@@ -52,16 +52,22 @@ def replace_run_evidence(con: duckdb.DuckDBPyConnection, run_id: str, version: i
         raise
 
 
-# The statuses whose rows are final and whose close stores the evidence (store/writer.py's
-# `finish` hands them to the close hook): a reader stores a missing row only for these.
-CLOSED_WITH_EVIDENCE = ("complete", "interrupted")
+# The statuses whose rows are final: nothing writes the run's rows or status again. A reader
+# stores a missing row only for these; a close stores it for the first two (diagnose/run/close.py).
+# `failed` too (issue 41, session 39): its close stores none (the writer or its disk failed
+# there), but its rows are as final as an interrupted run's and as consistent a prefix of what
+# the engine emitted: whole writes only, committed in order, every row after a failed write given
+# up (store/writer.py `_give_up`; a writer process's death: its committed writes, then the status
+# from outside). What a reader computes from them is the same every time: storing it changes no
+# answer, only its cost.
+FINAL_STATUSES = ("complete", "interrupted", "failed")
 
 
 def store_missing_evidence(con: duckdb.DuckDBPyConnection, run_id: str, version: int, payload: str) -> bool:
     """A reader's write of the evidence it computed for a run that had none stored (diagnose/run/
     backfill.py): in one transaction on `con` (read-write), the run's row replaced by `payload`
     and its rows of `request_lookup` written, as the close's `replace_run_evidence` does, where
-    the run is still there with a status in CLOSED_WITH_EVIDENCE and its row is not already this
+    the run is still there with a status in FINAL_STATUSES and its row is not already this
     one (another reader stored it first). False where nothing was written. Rolled back, and
     raised, where it fails (an interrupt included): nothing of it is half-written."""
     con.execute("BEGIN")
@@ -72,7 +78,7 @@ def store_missing_evidence(con: duckdb.DuckDBPyConnection, run_id: str, version:
                        "AND schema_name = 'main' AND table_name = ?", [TABLE]).fetchall()[0][0]:
             have = con.execute(f"SELECT evidence_version, evidence_json FROM {TABLE} WHERE run_id = ?",
                                [run_id]).fetchall()
-        if len(status) != 1 or status[0][0] not in CLOSED_WITH_EVIDENCE or have == [(version, payload)]:
+        if len(status) != 1 or status[0][0] not in FINAL_STATUSES or have == [(version, payload)]:
             con.execute("ROLLBACK")
             return False
         write_request_lookup(con, run_id)

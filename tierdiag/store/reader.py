@@ -117,8 +117,18 @@ def damage_error(path: str | os.PathLike, exc: BaseException) -> StoreError | No
     text = str(exc).lower()
     if not any(marker in text for marker in _DAMAGE):
         return None
+    from tierdiag.store.creating import header_only
+
+    if header_only(path):  # 4 or 8 KiB of a new database's header: a creation cut short, no marker
+        return StoreError(f"{path} is damaged ({first_line(exc)[:160]})", hint=CUT_SHORT_HINT)
     return StoreError(f"{path} is damaged ({first_line(exc)[:160]})",
                       hint="restore it from a copy; runs in it cannot be read")
+
+
+# A file cut between DuckDB's first writes of a new store that no tierdiag replay marked as its
+# own (store/creating.py): nothing is in it, but it is not removed for the user.
+CUT_SHORT_HINT = ("only the start of a new DuckDB header is in it, as in a store cut short while it was made: "
+                  "nothing recorded can be read from it; remove it to record into this path, or restore it from a copy")
 
 
 _last_opened: list[str] = []
@@ -292,6 +302,10 @@ def open_store(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
                              hint="try again in a moment, or wait for the replay to finish") from None
         if "permission denied" in text:
             raise StoreError(f"cannot read {p}: permission denied") from None
+        from tierdiag.store.creating import cut_creation
+
+        if cut_creation(p):  # a replay's creation cut inside DuckDB's header: nothing in it
+            raise no_runs_error(p) from None
         damaged = damage_error(p, exc)
         if damaged is not None:
             raise damaged from None

@@ -47,7 +47,8 @@ from tierdiag import __version__, signals
 from tierdiag.config.names import RunKind
 from tierdiag.errors import OutputError, StoreError, TierdiagError
 from tierdiag.paths import prepare_output_path
-from tierdiag.store.reader import (attach_with_retry, check_store, connect_with_retry, damage_error, detach,
+from tierdiag.store import creating
+from tierdiag.store.reader import (CUT_SHORT_HINT, attach_with_retry, check_store, connect_with_retry, damage_error, detach,
                                    first_line, is_lock_error, lock_holder, unfinished_store, verify_blocks)
 from tierdiag.store.duckdb_core import (hold_memory, lift_memory, release_cached_blocks, release_freed_heap,
                                        remove_spill)
@@ -76,7 +77,8 @@ def write_error(path: Path, exc: BaseException) -> TierdiagError:
                            hint="pass a --db in a folder you can write to")
     damaged = damage_error(path, exc) if isinstance(exc, duckdb.Error) else None
     if damaged is not None:
-        damaged.hint = "not writing into it; pass another --db"
+        if damaged.hint != CUT_SHORT_HINT:
+            damaged.hint = "not writing into it; pass another --db"
         return damaged
     if "not a valid duckdb database" in text:
         return StoreError(f"{path} exists but is not a DuckDB database; not writing into it",
@@ -195,7 +197,13 @@ class RunWriter:
             # An empty file (`touch`, or a creation killed before DuckDB wrote its header) holds
             # nothing; DuckDB refuses to open one, so it is removed and created afresh.
             _remove_empty(self.db_path)
+        else:
+            # A store a replay began here and that was cut inside DuckDB's header (its marker
+            # beside it, nothing in it: store/creating.py) is made afresh too.
+            creating.remove_cut_creation(self.db_path)
         made = not self.db_path.exists()  # this writer makes the file: one it puts no run in is removed
+        if made:
+            creating.begin(self.db_path)  # removed once the run's row is in (below)
         if not made:
             check_before_writing(self.db_path, host=self._host_connection())
         appended = False  # the runs row committed: a failure after it (letting go of the file) closes it
@@ -233,6 +241,9 @@ class RunWriter:
                 # left behind (a file another process made meanwhile, and holds, is left to it).
                 remove_runless_store(self.db_path)
             raise
+        # The store holds a run: no longer a creation (a marker a killed replay left beside a
+        # store that was then made whole goes too).
+        creating.end(self.db_path)
 
     def _close_unopened(self, exc: TierdiagError) -> None:
         """The runs row was committed, then letting go of the file failed (its checkpoint on a
@@ -770,14 +781,19 @@ def remove_runless_store(db_path: str | os.PathLike) -> bool | None:
     so no other replay is writing its run into it meanwhile."""
     path = Path(db_path)
     if not path.is_file():
+        creating.end(path)
         return True
     if path.stat().st_size == 0:
         _remove_empty(path)
-        return not path.exists()
+        if path.exists():
+            return False
+        creating.end(path)
+        return True
     try:
         con = connect_with_retry(path, read_only=False, wait_s=FLUSH_WAIT_S)
     except duckdb.Error:
-        return False
+        # Cut inside DuckDB's header as it was made (store/creating.py): nothing in it.
+        return creating.remove_cut_creation(path)
     try:
         with signals.deferred():
             if not unfinished_store(con) and con.execute("SELECT count(*) FROM runs").fetchall()[0][0]:
@@ -790,6 +806,7 @@ def remove_runless_store(db_path: str | os.PathLike) -> bool | None:
         return False
     finally:
         con.close()
+    creating.end(path)
     return True
 
 

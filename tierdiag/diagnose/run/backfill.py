@@ -1,7 +1,8 @@
 """Run evidence a reader had to compute, stored by that reader: computed at most once, then read.
 
 A run closed as `complete` or `interrupted` normally has its evidence stored by its close
-(evidence.py). Some have none: an interrupted run whose close a second SIGINT/SIGTERM ended
+(evidence.py); a `failed` run's close stores none (its writer or its disk failed there). Some
+complete and interrupted runs have none too: an interrupted run whose close a second SIGINT/SIGTERM ended
 once its rows and status were committed (docs/contract.md section 7; at 1M requests the
 evidence is 18-146 s of that close), a close whose evidence failed (one warning line), a row
 an older tierdiag wrote (another `evidence_version`) or one computed from another config (its
@@ -21,9 +22,12 @@ Not stored (the reader answers from what it computed, says nothing, loses nothin
 reader computes it again and tries): the store cannot be written (a read-only file or folder:
 then the reader does not compute the whole evidence either, only what it needs, as before), it
 is held by another process past STORE_WAIT_S (a replay writing, another reader), or another
-connection of this process still holds it. Never stored: a run whose stored status is not final
-(`running`, also a dead replay's, which readers take as interrupted: nothing says its writer is
-done), a `failed` run (its close stores none either), an observed run, a store of an older
+connection of this process still holds it. A `failed` run's is stored as an interrupted run's: its rows
+are as final and as consistent (whole writes, committed in order: store/evidence.py
+`FINAL_STATUSES`), so what a reader computes from them is the same each time (issue 41, session
+39). Never stored: a run whose stored status is not final (`running`, also a dead replay's,
+which readers take as interrupted: nothing says its writer is done: its rows may still grow),
+an observed run, a store of an older
 schema version (read through views: nothing is written to it), and a read-write connection's
 reads (the store's writer: its close reads the summary back where its evidence was not stored,
 close.py; that close is neither made longer nor retried here). Another reader that stored the
@@ -86,7 +90,7 @@ def computed_sections(con: duckdb.DuckDBPyConnection, run) -> dict | None:
 def _storable_path(con: duckdb.DuckDBPyConnection, run) -> str | None:
     """The store's file where this reader may store the run's evidence (module doc), else None."""
     from tierdiag.diagnose.read.queries import store_state
-    from tierdiag.store.evidence import CLOSED_WITH_EVIDENCE
+    from tierdiag.store.evidence import FINAL_STATUSES
     from tierdiag.store.reader import views_shown
     from tierdiag.store.schema import SCHEMA_VERSION
 
@@ -100,7 +104,7 @@ def _storable_path(con: duckdb.DuckDBPyConnection, run) -> str | None:
     # Read-write: the store's writer, whose close reads the summary back where its evidence was
     # not stored (close.py `closing_numbers`): that close is not made longer nor retried here.
     if (path is None or not state.read_only or state.schema_version != SCHEMA_VERSION
-            or state.stored_status not in CLOSED_WITH_EVIDENCE or not os.path.isfile(path)):
+            or state.stored_status not in FINAL_STATUSES or not os.path.isfile(path)):
         return None
     folder = os.path.dirname(os.path.abspath(path))
     if not (os.access(path, os.R_OK | os.W_OK) and os.access(folder, os.W_OK | os.X_OK)):  # DuckDB's .wal beside it

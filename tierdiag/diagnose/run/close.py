@@ -54,3 +54,22 @@ def closing_numbers(con: duckdb.DuckDBPyConnection, run_id: str, *, summary=None
     every = next((c for c in s.classes if c.hit_class == "all"), None)
     return {"span_ns": s.span_ns,
             "ttft_ns": None if every is None else (every.ttft_p50_ns, every.ttft_p90_ns, every.ttft_p99_ns)}
+
+
+def numbers_read_back(db_path: Path | str, run_id: str) -> dict:
+    """The closing numbers of a run its writer process closed as complete and then died before
+    it answered (app/replay.py `WriterDiedLate`): read from the store on a read-only connection
+    of their own, as `summary` reads them: from the run's stored evidence where the writer got
+    to store it, else computed from the rows (the summary's numbers alone: the whole evidence is
+    the first reader's to compute and store, backfill.py; at 1M requests a minute or more in the
+    process that holds the engine's memory, where the writer may just have been killed for its
+    own). What it raises (a store held, damaged) the caller says instead of the numbers."""
+    from tierdiag.diagnose.run.facts import stored_evidence
+    from tierdiag.diagnose.run.numbers import compute_run_summary
+    from tierdiag.store.reader import open_store, resolve_run
+
+    with open_store(db_path) as con:
+        run = resolve_run(con, run_id)
+        stored = stored_evidence(con, run)
+        summary = stored.summary(run) if stored is not None else None
+        return closing_numbers(con, run_id, summary=summary if summary is not None else compute_run_summary(con, run))
