@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import duckdb
@@ -116,8 +117,7 @@ def test_every_name_opens_the_file_it_names(tmp_path, parts):
     name = "".join(parts).strip()
     assume(name and not name.endswith("/") and name not in (".", "..") and "\\" not in name)
     assume(all(len(c.encode()) <= 255 and c not in (".", "..") for c in name.split("/") if c))
-    root = tmp_path / f"w{abs(hash(name))}"
-    root.mkdir()
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
     cwd = os.getcwd()
     os.chdir(root)
     try:
