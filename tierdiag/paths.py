@@ -73,6 +73,59 @@ def is_duckdb_file(path: str | os.PathLike) -> bool:
     return head[_DUCKDB_MAGIC_AT:] == DUCKDB_MAGIC
 
 
+IN_MEMORY = ":memory:"  # DuckDB's in-memory database: our own hosts' (`connect_with_retry(IN_MEMORY)`)
+
+
+def check_duckdb_name(path: str | os.PathLike, *, what: str = "--db") -> None:
+    """Refuse (ConfigError, exit 2) a file name DuckDB cannot open as the file it names: DuckDB
+    reads '\\' as a folder separator on every platform (`--db 'a\\b.duckdb'` wrote `a/b.duckdb`,
+    where no reader looked), and no spelling of the name escapes it."""
+    text = os.fspath(path)
+    if "\\" in text:
+        raise ConfigError(f"{what} '{text}': DuckDB reads '\\' in a file name as a folder "
+                          f"separator, so it cannot open the file this names",
+                          hint="pass a name without '\\' (rename the file, or link to it under such a name)")
+
+
+def duckdb_name(path: str | os.PathLike, *, what: str = "--db") -> str:
+    """The text DuckDB is given to open the file `path` names (a connect, an ATTACH, a COPY's
+    target): the absolute path. DuckDB reads a name its own way where the file system does not:
+    ':memory:NAME' is an in-memory database (a replay 'recorded' into it kept nothing, exit 0),
+    'NAME:...' an extension's (`md:x` downloads MotherDuck's), 'SCHEME://' a remote file system,
+    '~/' the home folder; a path that starts with '/' is always a local file to it. A '\\' in
+    the name: `check_duckdb_name`."""
+    check_duckdb_name(path, what=what)
+    return os.path.abspath(os.fspath(path))
+
+
+# Terminals' major device numbers on Linux (Documentation/admin-guide/devices.txt): the virtual
+# consoles and serial ttys (4), /dev/tty and the consoles (5), the Unix98 pseudo-terminals (136-143).
+_TTY_MAJORS = frozenset((4, 5, *range(136, 144)))
+
+
+def refuse_endless_input(path: str | os.PathLike, *, what: str, option: str = "") -> None:
+    """Refuse (ConfigError, exit 2) an input that is a character device with no end: /dev/zero,
+    /dev/full, /dev/urandom as a trace, a --config, a profile or a server export were read
+    without end (a line or a file that never ends, held whole: a hang that grew until memory ran
+    out). /dev/null (empty) and a terminal (`/dev/stdin` typed at) are read as before, and so is
+    a pipe or FIFO (it ends when its writer does). Told by its stat alone: a device is never
+    opened here (opening one can start it)."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):  # missing, a NUL in the name: the reader's own error
+        return
+    if not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) in _TTY_MAJORS:
+        return
+    try:
+        if st.st_rdev == os.stat(os.devnull).st_rdev:
+            return
+    except OSError:
+        pass
+    article = "an" if what[:1] in "aeiou" else "a"
+    raise ConfigError(f"{option + ' ' if option else ''}{os.fspath(path)}: is a character device, not {article} {what} "
+                      f"(read, it would never end)", hint="pass a file, or pipe one in as /dev/stdin")
+
+
 def file_kind(mode: int) -> str:
     """What a file that is not a regular file is, in words ('a FIFO (named pipe)', 'a folder')."""
     for test, name in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
@@ -106,10 +159,14 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 
 def check_output(path: str | os.PathLike, *, what: str, inputs: Iterable[tuple[str, str | os.PathLike]] = (),
-                 store: bool = False) -> None:
+                 store: bool = False, duckdb: bool = False) -> None:
     """Refuse to write `path` (the `what` option) over one of the command's `inputs` ((label,
     path) pairs: its trace, export files, --db) or, unless the output is itself a run `store`,
-    over a DuckDB database. ConfigError (exit 2) naming both; nothing is touched."""
+    over a DuckDB database. ConfigError (exit 2) naming both; nothing is touched. A `store`, and
+    an output DuckDB writes (`duckdb`: export's folder), must have a name DuckDB opens as itself
+    (`check_duckdb_name`)."""
+    if store or duckdb:
+        check_duckdb_name(path, what=what)
     for label, source in inputs:
         if source is not None and same_file(path, source):
             same = "" if str(path) == str(source) else f" ({source})"

@@ -372,6 +372,9 @@ def _read_config_file(p: Path) -> dict[str, Any]:
     """The keys of a --config file, each checked against its declaration (exit 3 naming the key)."""
     import tomllib  # here: a replay without --config never compiles its regular expressions
 
+    from tierdiag.paths import refuse_endless_input
+
+    refuse_endless_input(p, what="TOML file", option="--config")
     try:
         raw = tomllib.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:

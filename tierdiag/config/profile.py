@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from tierdiag.config.presets import GPUS, MODELS, gpu_preset, model_preset
 from tierdiag.config.schema import Choice, Float, KeyedConfigError, Schema, check_values
-from tierdiag.paths import write_output
+from tierdiag.paths import refuse_endless_input, write_output
 
 PROFILE_FORMAT = "tierdiag-profile/1"
 # The presets' constants that are not in a model or GPU preset (the cost model reads them here).
@@ -157,6 +157,7 @@ def load_profile(path: str | os.PathLike) -> Profile:
     before any run exists: a missing or unreadable file names the option or config key that
     named it; a bad value names the profile and its key (exit 3)."""
     p = Path(path)
+    refuse_endless_input(p, what="calibrate profile", option="--profile")
     try:
         data = p.read_bytes()
     except FileNotFoundError:

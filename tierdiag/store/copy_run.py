@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping
 import duckdb
 import pyarrow as pa
 
-from tierdiag.paths import prepare_output_path
+from tierdiag.paths import duckdb_name, prepare_output_path
 from tierdiag.store.reader import connect_with_retry
 from tierdiag.store.schema import EVENT_TABLES, OPTIONAL_TABLES, TABLES, create_table_sql
 from tierdiag.store.writer import FINAL_WAIT_S, _remove_empty, check_before_writing, init_store, write_error
@@ -199,7 +199,7 @@ class RunFileCopier:
     def _attach_source(self, src: Path) -> duckdb.DuckDBPyConnection:
         if self._host is None:
             self._host = connect_with_retry(":memory:", read_only=False)
-        quoted = str(src).replace("'", "''")  # a literal: ATTACH takes no parameters
+        quoted = duckdb_name(src).replace("'", "''")  # a literal: ATTACH takes no parameters
         self._host.execute(f"ATTACH '{quoted}' AS {_SOURCE} (READ_ONLY)")
         self._src = src
         return self._host

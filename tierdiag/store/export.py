@@ -25,7 +25,7 @@ from typing import Iterable
 import duckdb
 
 from tierdiag.errors import OutputError
-from tierdiag.paths import check_output
+from tierdiag.paths import check_output, duckdb_name
 from tierdiag.store.reader import RunInfo
 from tierdiag.store.schema import TABLES
 
@@ -50,9 +50,12 @@ def export_parquet(con: duckdb.DuckDBPyConnection, runs: list[RunInfo], out_dir:
     run of the store, and `out_dir` keeps no other run's partition. `inputs`: the store read
     (out_dir must not be it)."""
     out_dir = Path(out_dir)
-    check_output(out_dir, what="DIR", inputs=inputs)
+    check_output(out_dir, what="DIR", inputs=inputs, duckdb=True)
     try:  # the rule for outputs (tierdiag/paths.py): missing folders are created
         out_dir.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file, a device, a link to one: not a folder to export into
+        what = "a file" if out_dir.is_file() else "not a folder"
+        raise OutputError(f"cannot export into {out_dir}: it is {what}", hint="pass a new or empty folder") from None
     except OSError as exc:
         raise OutputError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
     for table in EXPORTED:
@@ -75,7 +78,7 @@ def export_parquet(con: duckdb.DuckDBPyConnection, runs: list[RunInfo], out_dir:
             # Parameters are not allowed inside COPY; run ids come from the store itself, quoted.
             id_list = ", ".join("'" + i.replace("'", "''") + "'" for i in ids)
             try:
-                con.execute(f"COPY (SELECT * FROM {table} WHERE run_id IN ({id_list})) TO '{_quote(target)}' "
+                con.execute(f"COPY (SELECT * FROM {table} WHERE run_id IN ({id_list})) TO '{_quote(duckdb_name(target, what='DIR'))}' "
                             f"(FORMAT PARQUET, PARTITION_BY ({PARTITION_KEY}))")
             except duckdb.IOException as exc:
                 raise OutputError(f"cannot write {out_dir / table}: {str(exc).splitlines()[0]}") from None
@@ -133,5 +136,5 @@ def _install(staged: Path, table_dir: Path, ids: list[str], replace_all: bool, t
         table_dir.rmdir()
 
 
-def _quote(path: Path) -> str:
+def _quote(path: str | Path) -> str:
     return str(path).replace("'", "''")

@@ -22,7 +22,7 @@ import duckdb
 from tierdiag import signals
 from tierdiag.config.names import RunKind
 from tierdiag.errors import ConfigError, NoRunsError, StoreError
-from tierdiag.paths import DEFAULT_DB, file_kind  # DEFAULT_DB re-exported too: the store's default name
+from tierdiag.paths import DEFAULT_DB, IN_MEMORY, check_duckdb_name, duckdb_name, file_kind  # DEFAULT_DB re-exported too: the store's default name
 from tierdiag.store.schema import (EVENT_TABLES, OLDEST_READABLE_VERSION, OPTIONAL_TABLES, SCHEMA_VERSION, TABLES,
                                    columns_missing_in)
 from tierdiag.threads import OnThread
@@ -66,11 +66,14 @@ def _retry_while_locked(open_once, wait_s: float):
 
 def connect_with_retry(path: str | os.PathLike, *, read_only: bool,
                        wait_s: float = _BUSY_RETRY_S) -> duckdb.DuckDBPyConnection:
-    """Open the file, waiting briefly while another process (a replay flushing) holds it."""
+    """Open the file, waiting briefly while another process (a replay flushing) holds it; the
+    text IN_MEMORY alone opens an in-memory database (any other name, a Path ':memory:' too, is
+    the file it names: paths.duckdb_name)."""
+    name = path if isinstance(path, str) and path == IN_MEMORY else duckdb_name(path)
     # One DuckDB thread: our queries and appends are small, and a replay writing beside the
     # engine on a few cores should not compete with it.
     con = _retry_while_locked(
-        lambda: duckdb.connect(str(path), read_only=read_only, config={"threads": 1}), wait_s)
+        lambda: duckdb.connect(name, read_only=read_only, config={"threads": 1}), wait_s)
     # DuckDB draws its own progress bar for a query past 2 s (a session setting): raw
     # terminal escapes among our output (inside `--json` at the end of a big replay, or a
     # million-request report), and from every worker of a sweep at once.
@@ -89,7 +92,7 @@ def attach_with_retry(host: duckdb.DuckDBPyConnection, path: str | os.PathLike, 
     that opens the file every flush pays ~1 ms for this where a connection costs ~25 ms to open
     (DuckDB starts a database instance: measured on 2.0.1, even for :memory:), and DETACH
     checkpoints as a close does."""
-    quoted = str(path).replace("'", "''")  # a literal: ATTACH takes no parameters
+    quoted = duckdb_name(path).replace("'", "''")  # a literal: ATTACH takes no parameters
     mode = " (READ_ONLY)" if read_only else ""
     _retry_while_locked(lambda: host.execute(f"ATTACH '{quoted}' AS {ATTACHED}{mode}"), wait_s)
     host.execute(f"USE {ATTACHED}")
@@ -262,7 +265,9 @@ def no_runs_error(db: str | os.PathLike) -> NoRunsError:
 
 def _check_path(p: Path) -> None:
     """What is at `p` before DuckDB opens it: nothing (a dangling link too), a folder, a special
-    file (never opened: a FIFO would block the open until a writer came), a 0-byte file (no runs)."""
+    file (never opened: a FIFO would block the open until a writer came), a 0-byte file (no runs).
+    First, a name DuckDB would read as another file (paths.check_duckdb_name)."""
+    check_duckdb_name(p)
     try:
         st = os.stat(p)
     except (FileNotFoundError, NotADirectoryError):

@@ -45,7 +45,11 @@ def is_seekable_file(path: str | os.PathLike) -> bool:
 
 
 def open_raw(path: Path, what: str = "trace") -> BinaryIO:
-    """The file opened for reading; what cannot be opened is a TraceError naming it as `what`."""
+    """The file opened for reading; what cannot be opened is a TraceError naming it as `what`,
+    a device that never ends a ConfigError (paths.refuse_endless_input)."""
+    from tierdiag.paths import refuse_endless_input
+
+    refuse_endless_input(path, what=f"{what} file")
     try:
         return open(path, "rb", buffering=1 << 20)
     except FileNotFoundError:

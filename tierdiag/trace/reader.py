@@ -38,6 +38,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from tierdiag.errors import TraceError
+from tierdiag.paths import refuse_endless_input
 from tierdiag.units import NS_PER_MS
 from tierdiag.trace.chain import ChainLinks, _check_chain_slow, link_chain as _link_chain  # noqa: F401 - _check_chain_slow: this module's API too
 from tierdiag.trace.fields import FieldError, convert as convert_fields, json_type as _json_type, show as _show
@@ -204,7 +205,7 @@ def read_trace(path: str | os.PathLike, *, block_size: int = 512, skip_bad: bool
     path = Path(path)
     if is_seekable_file(path):
         open_raw(path).close()  # a missing file fails at the call, not at the first next()
-    elif not path.exists():
+    elif refuse_endless_input(path, what="trace file") or not path.exists():
         raise TraceError(f"{path}: no such trace file")
     elif path.is_dir():
         raise TraceError(f"{path}: is a directory, not a trace file")

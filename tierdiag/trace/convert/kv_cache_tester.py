@@ -39,6 +39,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from tierdiag.errors import ConfigError, TraceError
+from tierdiag.paths import refuse_endless_input
 from tierdiag.trace.convert.jsonpos import line_of
 from tierdiag.trace.convert.records import (MAX_SECONDS, BadRecord, BlockIds, ConvertNotes, Count, InputCount,
                                             Rechainer, Seconds, SessionClocks, SessionRequest, record, session_name,
@@ -119,6 +120,7 @@ def read(files: list[Path], *, rechain: Rechainer, notes: ConvertNotes, start_sp
 
 
 def _text(path: Path) -> str:
+    refuse_endless_input(path, what="kv-cache-tester file")
     try:
         data = path.read_bytes()
     except OSError as exc:
