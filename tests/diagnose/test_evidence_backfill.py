@@ -9,11 +9,8 @@ store meanwhile) are tests/reliability/test_evidence_backfill_processes.py."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import duckdb
@@ -24,6 +21,7 @@ from hypothesis import strategies as st
 from tests.diagnose.conftest import RunBuilder, plant_scenarios
 from tests.support.cli import tierdiag_in_process
 from tests.support.evidence_rows import evidence_rows as _rows
+from tests.support.mounts import read_only_folder
 from tierdiag.diagnose.run import backfill as B
 from tierdiag.diagnose.run import evidence as E
 from tierdiag.diagnose.run import stored as S
@@ -84,6 +82,15 @@ def store(tmp_path_factory) -> dict:
     return {"db": db, "trace": trace, "ids": dict(zip(("one", "dp2", "nostorage", "empty"), ids))}
 
 
+def _closed_summary(store: dict, run_id: str) -> dict:
+    """`summary --json` over the fixture's store (each run with the close's own row), read once a
+    run: the store is never written, so every case compares with the same answer."""
+    answers = store.setdefault("closed summaries", {})
+    if run_id not in answers:
+        answers[run_id] = _summary(store["db"], run_id)
+    return answers[run_id]
+
+
 SPOILS = {
     "none stored": None,  # a close cut short (a second signal), or whose evidence failed
     "old version": f"UPDATE run_evidence SET evidence_version = {S.EVIDENCE_VERSION - 1} WHERE run_id = ?",
@@ -118,7 +125,7 @@ def test_the_first_reader_stores_what_the_close_stores(store, tmp_path, which, s
     # The next reader reads it (computes nothing: the row is there) and says the same.
     assert _summary(db, run_id) == first
     if spoil != "config edited":
-        assert first == _summary(store["db"], run_id)  # and the same as over the close's own row
+        assert first == _closed_summary(store, run_id)  # and the same as over the close's own row
     explain = tierdiag_in_process("slow", "--db", db, "--run", run_id, "--json", "--top", 3)
     assert explain.code == 0 and _rows(db, run_id) == expected
 
@@ -137,49 +144,18 @@ def test_every_read_command_stores_it_once(store, tmp_path):
         assert _rows(db, run_id) == expected, argv[0]
 
 
-@contextlib.contextmanager
-def _read_only(tmp_path: Path, source: Path):
-    """`source` copied into a folder this process cannot write: its mode for a normal user, a
-    tmpfs remounted read-only for root (skipped where that cannot be mounted)."""
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    db = folder / source.name
-    shutil.copy(source, db)
-    db.chmod(0o444)
-    folder.chmod(0o555)
-    try:
-        if not os.access(folder, os.W_OK):
-            yield db
-            return
-        folder.chmod(0o755)
-        db.chmod(0o644)
-        db.unlink()
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(folder)],
-                          capture_output=True).returncode != 0:
-            pytest.skip("root, and no tmpfs can be mounted to make a read-only folder")
-        try:
-            shutil.copy(source, db)
-            assert subprocess.run(["mount", "-o", "remount,ro", str(folder)], capture_output=True).returncode == 0
-            assert not os.access(db, os.W_OK)
-            yield db
-        finally:
-            subprocess.run(["umount", "-l", str(folder)], check=False)
-    finally:
-        if folder.exists():
-            folder.chmod(0o755)
-
-
 def test_a_read_only_store_is_read_as_before_and_left_as_it_is(store, tmp_path):
     run_id = store["ids"]["one"]
     missing = tmp_path / "missing.duckdb"
     shutil.copy(store["db"], missing)
     _drop(missing, run_id)
-    with _read_only(tmp_path, missing) as db:
+    with read_only_folder(tmp_path, missing) as folder:
+        db = folder / missing.name
         before = db.read_bytes()
         first = _summary(db, run_id)
         assert B.pending() == []  # not computed for storing: only what the reader needs, as before
         assert db.read_bytes() == before and not Path(str(db) + ".wal").exists()
-    assert first == _summary(store["db"], run_id)
+    assert first == _closed_summary(store, run_id)
 
 
 def test_a_store_another_process_holds_is_not_written_and_the_answer_is_whole(store, tmp_path):
@@ -193,7 +169,7 @@ def test_a_store_another_process_holds_is_not_written_and_the_answer_is_whole(st
         first = _summary(db, run_id)
         assert B.pending() == []  # tried, given up: nothing kept for later in this process
     assert _rows(db, run_id)[0] == []
-    assert first == _summary(db, run_id) == _summary(store["db"], run_id)  # the next reader stores it
+    assert first == _summary(db, run_id) == _closed_summary(store, run_id)  # the next reader stores it
     assert _rows(db, run_id) == _rows(store["db"], run_id)
 
 

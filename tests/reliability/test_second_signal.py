@@ -48,17 +48,27 @@ def _held(con, db_path, run_id, status):
 _close.after_commit = _held
 """
 
-# In the writer process: the close held up before its status is written (its last rows committed).
+# In the writer process: the close held up before its status is written (its last rows
+# committed), until the test has sent its signals and lets it go (`_let_go`). It was held 2 s:
+# a test process descheduled that long on a loaded machine sent its later signals after the
+# status commit, and the replay stopped again (exit and line of a second signal after it).
 BEFORE_STATUS = """
-import time
+import os, time
 from tierdiag.store.writer import RunWriter as _W
 _real = _W._lift_memory
 def _held(self):
     open({marker!r}, "w").close()
-    time.sleep(2.0)
+    deadline = time.monotonic() + 300
+    while not os.path.exists({marker!r} + ".go") and time.monotonic() < deadline:
+        time.sleep(0.01)
     return _real(self)
 _W._lift_memory = _held
 """
+
+
+def _let_go(tmp_path: Path) -> None:
+    """Let a close held by BEFORE_STATUS go on to write its status."""
+    (tmp_path / "held.go").touch()
 
 
 @pytest.fixture(scope="module")
@@ -163,11 +173,11 @@ def _stopped_again(r: Result, code: int, tmp_path: Path, db: Path, mark: str, tr
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_second_signal_before_the_status_is_committed_is_ignored(tmp_path, traces, sig):
     db, mark, proc = _first_signal(tmp_path, traces, sig, BEFORE_STATUS)
-    for _ in range(3):  # while the close writes its last rows (held 2 s)
-        if proc.poll() is not None:
-            break
+    for _ in range(3):  # while the close is held before its status
+        assert proc.poll() is None
         os.kill(proc.pid, sig)
         time.sleep(0.2)
+    _let_go(tmp_path)
     out, err = proc.communicate(timeout=180)
     line = Result(proc.returncode, out, err).fails(CODE[sig], "interrupted; run", "as interrupted")
     assert "stopped again" not in line
@@ -211,7 +221,8 @@ def test_inline_a_second_signal_once_the_status_is_committed_ends_the_process(tm
 @pytest.mark.slow
 def test_inline_a_second_signal_before_the_status_is_committed_is_ignored(tmp_path, traces):
     db, mark, proc = _first_signal(tmp_path, traces, signal.SIGINT, BEFORE_STATUS, "inline")
-    os.kill(proc.pid, signal.SIGINT)  # while the close writes its last rows (held 2 s)
+    os.kill(proc.pid, signal.SIGINT)  # while the close is held before its status
+    _let_go(tmp_path)
     out, err = proc.communicate(timeout=180)
     line = Result(proc.returncode, out, err).fails(130, "interrupted; run", "as interrupted")
     assert "stopped again" not in line

@@ -17,6 +17,7 @@ import pytest
 from harness import ROOMY, SMALL, holder, line, runs, sql, tierdiag, write_trace
 
 from tests.support.cli import tierdiag_in_process
+from tests.support.mounts import read_only_folder, tmpfs
 from tierdiag.store.schema import SCHEMA_VERSION
 
 READERS = [("runs",), ("summary",), ("slow",), ("explain", "1")]
@@ -200,43 +201,6 @@ def test_database_in_a_missing_folder_is_created(tmp_path):
     db = tmp_path / "no" / "such" / "r.duckdb"
     assert tierdiag_in_process("replay", trace, "--db", db, *SMALL).code == 0
     assert runs(db, process=False)[0]["status"] == "complete"
-
-
-def _mount_tmpfs(path, options: str):
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("needs root to mount a tmpfs")
-    path.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
-    if r.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-
-
-@contextlib.contextmanager
-def tmpfs(path, options: str):
-    _mount_tmpfs(path, options)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-@contextlib.contextmanager
-def read_only_folder(tmp_path):
-    """A folder this process cannot write: chmod for a normal user, a read-only mount for root."""
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o555)
-    try:
-        if not os.access(folder, os.W_OK):
-            yield folder
-            return
-        folder.chmod(0o755)
-        folder.rmdir()
-        with tmpfs(folder, "ro,size=1m"):
-            yield folder
-    finally:
-        if folder.exists():
-            folder.chmod(0o755)
 
 
 def test_database_in_a_read_only_folder(tmp_path):
