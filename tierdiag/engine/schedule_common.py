@@ -113,7 +113,7 @@ class SchedulerState:
     max_prefill_tokens: int
     prefetch_pass: int
     unqueried: list[Req]
-    unallocated: dict[int, tuple]
+    unallocated: list[Req]  # the storage queries in flight, in query order (Req.query_*)
     query_occupied: int
     reading: dict[int, Req]
     held_releases: list[tuple[int, list[int]]]

@@ -185,9 +185,10 @@ class Scheduler(Admission):
         # arrivals whose storage query waits for the next pass (rule storage_acks_per_pass)
         self.unqueried = []
         # queries made, their hits' host memory and reads waiting for the next drain
-        # (drain_prefetch_queries), by request seq in query order; and the spans the misses
+        # (drain_prefetch_queries), their requests in query order (each query's entry on the
+        # request itself, Req.query_*: no dict, tuple or boxed int a query); and the spans the misses
         # among them hold until then
-        self.unallocated = {}
+        self.unallocated = []
         self.query_occupied = 0
         self.reading = {}  # prefetches whose read's acks a later drain takes
         # host slots of prefetches ended before their read's ack: (the drain that frees them, slots)
@@ -618,7 +619,7 @@ class Scheduler(Admission):
                 i += 1
                 continue
             if self.ctrl.storage is not None:
-                if req.seq in self.unallocated:  # its query in flight, the policy lets it end now
+                if req.query_anchor is not None:  # its query in flight, the policy lets it end now
                     self._revoke_query(req)
                 if req.prefetch is not None:  # check_prefetch_progress: the policy lets it end now
                     self._finish_prefetch(req, now)
