@@ -3,7 +3,8 @@ answered by the next pass's drain, `drain_prefetch_queries`), kept as the schedu
 requests in query order with each query's entry on the request (`Req.query_*`, prefetch.py
 `_queue_query`), against the dict by seq of (req, anchor, matched, hits, span) tuples it replaced
 (the model below): on hostile operation streams (a request queried again while its query is in
-flight, revoked at an admission poll, drained) the drain sees the same entries in the same order."""
+flight, revoked at an admission poll, drained) the drain sees the same entries in the same order.
+Then the scheduler's re-query index with its bound `arm` and `fire` (`use_requeries`)."""
 
 from __future__ import annotations
 
@@ -85,3 +86,18 @@ def test_a_miss_and_a_hit_in_flight_are_drained_in_query_order(tmp_path):
     assert miss.prefetch is None and hit.prefetch is not None  # the hit's read started
     engine.check_invariants()
 
+
+def test_the_index_and_its_bound_methods_are_set_together():
+    """`use_requeries`: the scheduler arms and fires through the index it was given (the C one
+    where the data plane is built, the reference in any case here)."""
+    s = Engine(helpers.small_config(storage_tokens=128 * PS)).scheduler
+    assert s.rq_arm.__self__ is s.requeries and s.rq_fire.__self__ is s.requeries
+    ref = prefetch.RequeryIndexPy()
+    s.use_requeries(ref)
+    r = helpers.queued_req(req("r", 0, [1, 2, 3], seq=1))
+    s.waiting[:] = [helpers.queued_req(req("head", 0, [7])), r]
+    s.retry_interval, s.retry_cap = 2, 8
+    s._arm_prefetch_retry(r)
+    assert s.requeries is ref and ref.due(r) == s.prefetch_pass + 3
+    s.prefetch_pass += 2
+    assert s.rq_fire(s.prefetch_pass + 1, s.waiting) == [r] and ref.fired == 1 and not len(ref)

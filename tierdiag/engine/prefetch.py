@@ -39,6 +39,16 @@ class StoragePrefetch(RequestRecords):
     """The Scheduler's storage prefetch (its `tree`, `ctrl`, `cfg`, `rules`, `ps`, `at` and the
     prefetch accounting set up in Scheduler.__init__)."""
 
+    def use_requeries(self, index: Any) -> None:
+        """The re-query index (`new_requeries()`: C's RequeryIndex or RequeryIndexPy) and its
+        `arm` and `fire` bound once: a call of a method looked up by name at each arm (~101k)
+        and pass (~72k on a whole conversation replay with a 50M-token tier) was ~130
+        instructions more than a call of the bound one (issue 41, session 39). Set the index
+        only here, never `requeries` alone (its bound methods would stay the old index's)."""
+        self.requeries = index
+        self.rq_arm = index.arm
+        self.rq_fire = index.fire
+
     def _start_prefetch(self, req: Req, now: int) -> None:
         """Scheduler._prefetch_kvcache + prefetch_from_storage, under the rule set's prefetch rules.
 
@@ -409,7 +419,7 @@ class StoragePrefetch(RequestRecords):
                 # pass is `prefetch_pass + 1` and the due pass is set here, on the index's due
                 # list (its passes never decrease: the count only grows), not by a look at the
                 # next pass
-                self.requeries.arm(req, self.prefetch_pass + 1 + interval)
+                self.rq_arm(req, self.prefetch_pass + 1 + interval)
             else:
                 # past max_attempts: armed (due -1), dropped by the first pass that sees it
                 self.requeries.arm_capped(req)
@@ -438,7 +448,7 @@ class StoragePrefetch(RequestRecords):
         # as the reference. In Python this pass and the arm were ~2.6 k instructions a
         # re-query (dict gets, sets and deletions of boxed seqs, appends, the walk: 234 M of a
         # whole conversation replay's 5.26 G with a 50M-token tier, session 38).
-        ready: list[Req] | None = self.requeries.fire(self.prefetch_pass, self.waiting)
+        ready = self.rq_fire(self.prefetch_pass, self.waiting)
         if ready is None:
             return
         cap = self.retry_cap

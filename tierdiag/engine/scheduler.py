@@ -164,7 +164,7 @@ class Scheduler(Admission):
         # due pass (set as it is armed; -1: armed past max_attempts, dropped by the first pass
         # that sees it), indexed by due pass, fired once a pass (`_retry_prefetches`): the C
         # data plane's RequeryIndex, or its reference prefetch.RequeryIndexPy
-        self.requeries = new_requeries()
+        self.use_requeries(new_requeries())
         # The rule fields every pass's storage half reads, typed: rules.py is interpreted, so a
         # RuleSet field read from compiled code is a generic attribute lookup
         self.retry_interval = self.rules.prefetch_retry_interval_passes
