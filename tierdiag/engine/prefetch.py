@@ -756,10 +756,8 @@ def _memo_holds(memo: StorageQueryMemo, tree: RadixTree, req: Req) -> bool:
         # (the key run is the memo's and the bound too, checked above; a run only grows at its
         # end (a requeue's output keys), so the memo's key is still the one at `matched`, and
         # one past a run the memo saw end there is read now)
-        # (a path's end without children, nothing to look up: the look-up hashes a page key,
-        # ~180 instructions)
         key = memo.next_key
-        if end.children and _child(end, req.keys[matched] if key is None else key) is not None:
+        if _child(end, req.keys[matched] if key is None else key) is not None:
             return False
     return True
 
