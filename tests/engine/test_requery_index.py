@@ -232,7 +232,7 @@ def _replay_with(reqs, cfg, reference: bool, interval: int, cap: int) -> tuple[l
     for s in probe.schedulers:
         s.retry_interval, s.retry_cap = interval, cap
         if reference:
-            s.requeries = prefetch.RequeryIndexPy()
+            s.use_requeries(prefetch.RequeryIndexPy())
     engine.run(sorted(reqs, key=lambda r: (r.arrival_ns, r.seq)))
     engine.check_invariants(idle=True)
     fired = sum(s.requeries.fired for s in probe.schedulers)

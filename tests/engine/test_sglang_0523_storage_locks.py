@@ -69,9 +69,9 @@ def test_best_effort_ending_a_missing_query_unlocks_its_anchor(tmp_path):
     s, tree = engine.scheduler, engine.scheduler.tree
     r, leaf = _missing_request_with_host_leaf(engine)
     s._start_prefetch(r, 0)
-    assert leaf.host_ref == 1 and r.seq in s.unallocated
+    assert leaf.host_ref == 1 and r in s.unallocated and r.query_anchor is leaf
     s._revoke_query(r)
-    assert leaf.host_ref == 0 and tree.host_evictable(leaf) and r.seq not in s.unallocated
+    assert leaf.host_ref == 0 and tree.host_evictable(leaf) and r not in s.unallocated and r.query_anchor is None
     assert s.prefetch_tokens_occupied == 4 * PS == s.query_occupied
     s.drain_prefetch_queries(0)
     assert s.prefetch_tokens_occupied == 0
@@ -132,7 +132,7 @@ def test_a_hit_the_tier_evicted_before_the_drain_is_read_as_far_as_it_is_there(t
     helpers.store_input_pages(engine, t)
     r = _queued(t)
     s._start_prefetch(r, 0)
-    assert r.seq in s.unallocated and s.unallocated[r.seq][3] > 0  # a hit, counted at the query
+    assert r in s.unallocated and r.query_hits > 0  # a hit, counted at the query
     _evict_from_storage(engine, r.keys)
     s.drain_prefetch_queries(0)
     assert r.prefetch is None and r.seq not in s.reading  # a miss now: no read

@@ -115,6 +115,13 @@ class Engine:
             queued = {id(r) for r in s.waiting}
             assert all(id(req) in queued for req, _ in s.requeries.items()), \
                 "a storage re-query is armed for a request not in the waiting queue"
+            # a storage query in flight (prefetch.py `_queue_query`): on the list once, with its
+            # entry; a waiting request with an entry is on the list
+            in_flight = {id(r) for r in s.unallocated}
+            assert len(in_flight) == len(s.unallocated) and all(r.query_anchor is not None for r in s.unallocated), \
+                "a storage query in flight is listed twice or without its anchor"
+            assert all(r.query_anchor is None or id(r) in in_flight for r in s.waiting), \
+                "a waiting request's storage query is in flight but not listed"
         if idle and self.deployment is not None:
             d = self.deployment
             assert not d.in_flight, f"{len(d.in_flight)} requests routed and never reported finished"

@@ -14,7 +14,7 @@ from tierdiag.engine.records import RequestRecords
 from tierdiag.engine.request import Req
 from tierdiag.engine.rules import RuleSet
 from tierdiag.engine.tree import RadixTree, _child
-from tierdiag.engine.tree_node import KeyRun, TreeMatch
+from tierdiag.engine.tree_node import KeyRun, TreeMatch, TreeNode
 from tierdiag.native import cplane
 
 
@@ -38,6 +38,16 @@ def prefetch_timeout_ns(tokens: int) -> int:
 class StoragePrefetch(RequestRecords):
     """The Scheduler's storage prefetch (its `tree`, `ctrl`, `cfg`, `rules`, `ps`, `at` and the
     prefetch accounting set up in Scheduler.__init__)."""
+
+    def use_requeries(self, index: Any) -> None:
+        """The re-query index (`new_requeries()`: C's RequeryIndex or RequeryIndexPy) and its
+        `arm` and `fire` bound once: a call of a method looked up by name at each arm (~101k)
+        and pass (~72k on a whole conversation replay with a 50M-token tier) was ~130
+        instructions more than a call of the bound one (issue 41, session 39). Set the index
+        only here, never `requeries` alone (its bound methods would stay the old index's)."""
+        self.requeries = index
+        self.rq_arm = index.arm
+        self.rq_fire = index.fire
 
     def _start_prefetch(self, req: Req, now: int) -> None:
         """Scheduler._prefetch_kvcache + prefetch_from_storage, under the rule set's prefetch rules.
@@ -103,15 +113,14 @@ class StoragePrefetch(RequestRecords):
                 self.prefetch_tokens_occupied += span * ps
                 self.query_occupied += span * ps
                 req.prefetch_query_pass = self.prefetch_pass
-                seq: Any = req.seq  # (boxed once for the test and the entry)
-                if seq not in self.unallocated:
+                if req.query_anchor is None:  # (not in flight already)
                     # and its anchor: `prefetch_from_storage` host-locks `last_host_node` before
                     # the lookup, and only the drain that finds the miss unlocks it
                     # (`revoke_pending_prefetch`), in query order among the hits it allocates
                     # (`_drain_and_alloc_storage_hit`): a host leaf that anchors a miss is not
                     # evictable meanwhile (`UnifiedTreeCore._is_host_leaf`: host_lock_ref)
                     tree.protect_host(anchor)
-                    self.unallocated[seq] = (req, anchor, matched, 0, span)
+                    _queue_query(self.unallocated, req, anchor, matched, 0, span)
         if reason is not None:
             if req.storage_match_pages:
                 req.storage_skip_reason = reason
@@ -124,7 +133,7 @@ class StoragePrefetch(RequestRecords):
             # (`_drain_and_alloc_storage_hit`): Scheduler.drain_prefetch_queries
             req.prefetch_tokens = span * ps
             self.prefetch_tokens_occupied += req.prefetch_tokens
-            self.unallocated[req.seq] = (req, anchor, matched, hits, span)
+            _queue_query(self.unallocated, req, anchor, matched, hits, span)
             return
         self._alloc_prefetch(req, anchor, matched, hits, span, now)
 
@@ -172,13 +181,16 @@ class StoragePrefetch(RequestRecords):
         self.prefetch_tokens_occupied -= self.query_occupied
         self.query_occupied = 0
         if self.unallocated:
-            queued, self.unallocated = self.unallocated, {}
-            for req, anchor, matched, hits, span in queued.values():
-                found: int = hits  # (typed: the entry's items are Any, a generic compare a query)
+            queued, self.unallocated = self.unallocated, []
+            for req in queued:
+                anchor = req.query_anchor
+                assert anchor is not None  # (on the list: in flight)
+                req.query_anchor = None
+                found = req.query_hits
                 if found == 0:  # a miss (or a hit under the threshold): revoke_pending_prefetch
                     self.tree.release_host(anchor)
                     continue
-                self._alloc_prefetch(req, anchor, matched, found, span, now)
+                self._alloc_prefetch(req, anchor, req.query_matched, found, req.query_span, now)
         # `_drain_ack_prefetch`: a read whose acks this drain takes is inserted into the tree now
         # (`_handle_prefetch_result`, "check_prefetch_progress() is not called for this rid
         # yet"), whether or not its request is polled in this pass
@@ -195,7 +207,11 @@ class StoragePrefetch(RequestRecords):
     def _revoke_query(self, req: Req) -> None:
         """best_effort at an admission poll while the request's query is in flight
         (`check_prefetch_progress` -> terminate with no host memory): `poll_miss`, revoked."""
-        _, anchor, _, hits, _ = self.unallocated.pop(req.seq)
+        anchor = req.query_anchor
+        assert anchor is not None  # (its query in flight: the caller asks)
+        hits = req.query_hits
+        req.query_anchor = None
+        self.unallocated.remove(req)  # (identity: a Req has no __eq__)
         self.tree.release_host(anchor)
         if hits == 0:  # a miss's query: its span and re-query are the drain's and the query's
             return
@@ -403,7 +419,7 @@ class StoragePrefetch(RequestRecords):
                 # pass is `prefetch_pass + 1` and the due pass is set here, on the index's due
                 # list (its passes never decrease: the count only grows), not by a look at the
                 # next pass
-                self.requeries.arm(req, self.prefetch_pass + 1 + interval)
+                self.rq_arm(req, self.prefetch_pass + 1 + interval)
             else:
                 # past max_attempts: armed (due -1), dropped by the first pass that sees it
                 self.requeries.arm_capped(req)
@@ -432,7 +448,7 @@ class StoragePrefetch(RequestRecords):
         # as the reference. In Python this pass and the arm were ~2.6 k instructions a
         # re-query (dict gets, sets and deletions of boxed seqs, appends, the walk: 234 M of a
         # whole conversation replay's 5.26 G with a 50M-token tier, session 38).
-        ready: list[Req] | None = self.requeries.fire(self.prefetch_pass, self.waiting)
+        ready = self.rq_fire(self.prefetch_pass, self.waiting)
         if ready is None:
             return
         cap = self.retry_cap
@@ -752,6 +768,21 @@ def _matchable(req: Req) -> Any:
     ~100k storage queries of a conversation replay."""
     keys = req.keys
     return keys if req.max_match_pages >= len(keys) else keys[:req.max_match_pages]
+
+
+def _queue_query(queued: list[Req], req: Req, anchor: TreeNode, matched: int, hits: int, span: int) -> None:
+    """A storage query in flight until the next drain (`drain_prefetch_queries`): its entry on
+    the request (Req.query_*), the request on the list in query order. A request whose query is
+    in flight already keeps its place and takes the new entry (what the dict by seq it replaced
+    did; a request queries once a pass and the drain comes between). A dict entry of a tuple of
+    boxed ints was ~540 instructions a query (issue 41: ~102k queries on a whole conversation
+    replay with a 50M-token tier, session 39)."""
+    if req.query_anchor is None:
+        queued.append(req)
+    req.query_anchor = anchor
+    req.query_matched = matched
+    req.query_hits = hits
+    req.query_span = span
 
 
 def _noop(_arg) -> None:

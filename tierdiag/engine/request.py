@@ -34,7 +34,7 @@ class Req:
         "loadback_wall_ns", "loadback_verified", "protected_pages", "session", "think_ms", "trace_arrival_ns",
         "prefetch_wait_ns", "prefetch_deadline_ns", "prefetch_retries", "inserted_pages", "prefill_work_tokens",
         "storage_hit_end", "route", "storage_last_match", "prefetch_ack_pass", "prefetch_query_pass", "storage_memo",
-        "walk_memo",
+        "walk_memo", "query_anchor", "query_matched", "query_hits", "query_span",
         "storage_span_pages", "storage_span_start", "loaded_span_pages", "loaded_span_start", "queue_entry",
         "miss_arrival_pages", "miss_shared_pages", "miss_prefetch_lost",
     )
@@ -95,6 +95,11 @@ class Req:
         # the pass its last storage query was made in (rule storage_acks_per_pass): a query made
         # inside a pass (a re-query) is answered by the next; -1: none
         self.prefetch_query_pass = -1
+        # its storage query in flight until the next drain (rule storage_acks_per_pass: on the
+        # scheduler's `unallocated` list): the anchor it host-protects (None: no query in flight),
+        # the pages matched, the hit (0: a miss) and the span requested (prefetch.py)
+        self.query_anchor: TreeNode | None = None
+        self.query_matched = self.query_hits = self.query_span = 0
         self.inserted_pages = 0  # req.kv.cache_inserted_len in pages: what this request's inserts covered
         # Decode: the tokens its next prefill covers (input, plus the output so far after a
         # retraction), output tokens generated (len(output_ids)) and KV committed when it last

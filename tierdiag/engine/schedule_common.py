@@ -97,6 +97,9 @@ class SchedulerState:
     prefetch_tokens_occupied: int
     prefetch_limit_tokens: int
     requeries: Any  # the storage re-queries armed: prefetch.new_requeries() (C's RequeryIndex or RequeryIndexPy)
+    # its `arm` and `fire`, bound once (StoragePrefetch.use_requeries sets all three)
+    rq_arm: Callable[[Req, int], None]
+    rq_fire: Callable[[int, list[Req]], list[Req] | None]
     retry_interval: int
     retry_cap: int
     storage_acks: bool
@@ -113,7 +116,7 @@ class SchedulerState:
     max_prefill_tokens: int
     prefetch_pass: int
     unqueried: list[Req]
-    unallocated: dict[int, tuple]
+    unallocated: list[Req]  # the storage queries in flight, in query order (Req.query_*)
     query_occupied: int
     reading: dict[int, Req]
     held_releases: list[tuple[int, list[int]]]

@@ -164,7 +164,7 @@ class Scheduler(Admission):
         # due pass (set as it is armed; -1: armed past max_attempts, dropped by the first pass
         # that sees it), indexed by due pass, fired once a pass (`_retry_prefetches`): the C
         # data plane's RequeryIndex, or its reference prefetch.RequeryIndexPy
-        self.requeries = new_requeries()
+        self.use_requeries(new_requeries())
         # The rule fields every pass's storage half reads, typed: rules.py is interpreted, so a
         # RuleSet field read from compiled code is a generic attribute lookup
         self.retry_interval = self.rules.prefetch_retry_interval_passes
@@ -185,9 +185,10 @@ class Scheduler(Admission):
         # arrivals whose storage query waits for the next pass (rule storage_acks_per_pass)
         self.unqueried = []
         # queries made, their hits' host memory and reads waiting for the next drain
-        # (drain_prefetch_queries), by request seq in query order; and the spans the misses
+        # (drain_prefetch_queries), their requests in query order (each query's entry on the
+        # request itself, Req.query_*: no dict, tuple or boxed int a query); and the spans the misses
         # among them hold until then
-        self.unallocated = {}
+        self.unallocated = []
         self.query_occupied = 0
         self.reading = {}  # prefetches whose read's acks a later drain takes
         # host slots of prefetches ended before their read's ack: (the drain that frees them, slots)
@@ -618,7 +619,7 @@ class Scheduler(Admission):
                 i += 1
                 continue
             if self.ctrl.storage is not None:
-                if req.seq in self.unallocated:  # its query in flight, the policy lets it end now
+                if req.query_anchor is not None:  # its query in flight, the policy lets it end now
                     self._revoke_query(req)
                 if req.prefetch is not None:  # check_prefetch_progress: the policy lets it end now
                     self._finish_prefetch(req, now)
