@@ -20,8 +20,8 @@
 /* int object a key (one is made only for a key handed back). Entries live in one array linked into the LRU list (oldest first) and */
 /* are found through an open-addressing table (linear probing, deletion by backward shift, kept */
 /* at most half full). A table slot holds the entry number + 1 (0: empty) and a 32-bit tag of   */
-/* the key's hash, which is also its home (tables stay under 2**32 slots): a probe past other   */
-/* keys, and the backward shift of a deletion, read the table alone. The tag is the hash        */
+/* the key's hash, whose top bits are its home (tables stay under 2**32 slots): a probe past    */
+/* other keys, and the backward shift of a deletion, read the table alone. The tag is the hash        */
 /* multiplied by an odd constant, high half: an int's hash is the int itself, and the page keys */
 /* of a hash_ids trace are runs of consecutive ints, which as homes would pile into long runs   */
 /* of the table that every probe for an absent key walks to the end. A tier of */
@@ -52,6 +52,7 @@ typedef struct {
     Py_ssize_t ent_cap, ent_top, free_head;  /* entries ever used: [0, ent_top) */
     uint64_t *table;                         /* IX_SLOT(e, hash); 0: empty */
     size_t mask;                             /* table size - 1 (a power of two, below 2**32) */
+    unsigned shift;                          /* 32 - log2(table size): a tag's home is its top bits */
     Py_ssize_t len, head, tail;              /* head: the least recently used */
     int64_t *live;                           /* live pages of segment number n */
     Py_ssize_t live_cap;
@@ -75,7 +76,23 @@ typedef struct {
 #define IX_SLOT(e, hash) (((uint64_t)IX_TAG(hash) << 32) | (uint64_t)((e) + 1))
 #define IX_SLOT_E(s) ((Py_ssize_t)((s) & 0xffffffffu) - 1)
 #define IX_SLOT_TAG(s) ((uint32_t)((s) >> 32))
+/* A tag's home in the table: its top log2(size) bits (Fibonacci hashing), not its low ones. The
+ * engine's page keys are mostly runs of consecutive ints, whose tags (the int times the golden
+ * ratio) spread evenly only in their top bits: homes taken from the low bits of the tag (bits
+ * 32-52 of the product for a table of 2**21 slots) left a full tier's keys ~0.80 slots from home
+ * on average and in clusters of ~3.5 slots, the top bits ~0.02 and ~1.4 (the whole-trace storage
+ * replay's 781,250 keys; a probe and a deletion's backward shift walk these). */
+#define IX_HOME(ix, tag) ((size_t)(tag) >> (ix)->shift)
 #define IX_MAX_ENTRIES ((Py_ssize_t)0x7fffffff)  /* and tables of at most 2**32 slots */
+
+/* 32 - log2(size) for a table of `size` slots (a power of two, 1 .. 2**32). */
+static unsigned
+ix_shift(size_t size)
+{
+    unsigned bits = 0;
+    while (((size_t)1 << bits) < size) bits++;
+    return 32 - bits;
+}
 
 #define IX_SLOT_BITS 32
 #define IX_MAX_SEGMENT ((int64_t)1 << 31)
@@ -365,7 +382,7 @@ static size_t
 ix_probe(StorageIndex *ix, const IxKey *k, int *found)
 {
     uint32_t tag = IX_TAG(k->hash);
-    size_t i = (size_t)tag & ix->mask;
+    size_t i = IX_HOME(ix, tag);
     uint64_t s;
     while ((s = ix->table[i]) != 0) {
         if (IX_SLOT_TAG(s) == tag && ix_entry_is(ix, IX_SLOT_E(s), k)) {
@@ -483,6 +500,7 @@ ix_rehash(StorageIndex *ix, size_t size)
 {
     uint64_t *old = ix->table, *t;
     size_t old_size = ix->mask + 1, mask = size - 1;
+    unsigned shift = ix_shift(size);
     ix_populate_end(ix);  /* the old table is unmapped below */
     if (size > ((size_t)1 << 32) || (t = ix_big_alloc(size * sizeof(uint64_t))) == NULL) {
         PyErr_NoMemory();
@@ -492,7 +510,7 @@ ix_rehash(StorageIndex *ix, size_t size)
     for (size_t j = 0; j < old_size; j++) {
         uint64_t s = old[j];
         if (s != 0) {
-            size_t i = IX_SLOT_TAG(s) & mask;
+            size_t i = (size_t)IX_SLOT_TAG(s) >> shift;
             while (t[i] != 0) i = (i + 1) & mask;
             t[i] = s;
         }
@@ -500,6 +518,7 @@ ix_rehash(StorageIndex *ix, size_t size)
     ix_big_free(old, old_size * sizeof(uint64_t));
     ix->table = t;
     ix->mask = mask;
+    ix->shift = shift;
     return 0;
 }
 
@@ -567,12 +586,12 @@ ix_insert(StorageIndex *ix, const IxKey *k, size_t at, int64_t loc)
 static void
 ix_remove(StorageIndex *ix, Py_ssize_t e)
 {
-    size_t i = (size_t)IX_TAG(ix->ent[e].hash) & ix->mask, j;
+    size_t i = IX_HOME(ix, IX_TAG(ix->ent[e].hash)), j;
     uint64_t *t = ix->table;
     while (IX_SLOT_E(t[i]) != e) i = (i + 1) & ix->mask;
     t[i] = 0;
     for (j = (i + 1) & ix->mask; t[j] != 0; j = (j + 1) & ix->mask) {
-        size_t home = IX_SLOT_TAG(t[j]) & ix->mask;
+        size_t home = IX_HOME(ix, IX_SLOT_TAG(t[j]));
         /* the entry at j may move back to i unless its home lies cyclically in (i, j] */
         if (((j - home) & ix->mask) >= ((j - i) & ix->mask)) {
             t[i] = t[j];
@@ -644,6 +663,7 @@ ix_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return PyErr_NoMemory();
     }
     ix->mask = size - 1;
+    ix->shift = ix_shift(size);
     if (reserve > 0) {
         /* the whole mapping as entries (a large one is rounded up to 2 MiB anyway) */
         size_t bytes = (size_t)reserve * sizeof(IxEntry);
@@ -721,7 +741,7 @@ ix_delete_oldest(StorageIndex *ix, int counted, PyObject *deleted, PyObject *emp
          * the victim after it */
         Py_ssize_t nx = ix->ent[e].next;
         if (nx >= 0) {
-            __builtin_prefetch(&ix->table[(size_t)IX_TAG(ix->ent[nx].hash) & ix->mask]);
+            __builtin_prefetch(&ix->table[IX_HOME(ix, IX_TAG(ix->ent[nx].hash))]);
             if (ix->ent[nx].next >= 0) __builtin_prefetch(&ix->ent[ix->ent[nx].next]);
         }
     }
@@ -756,7 +776,7 @@ static inline __attribute__((always_inline)) size_t
 ix_probe_value(const StorageIndex *ix, Py_hash_t h, int64_t v, int *found)
 {
     uint32_t tag = IX_TAG(h);
-    size_t i = (size_t)tag & ix->mask;
+    size_t i = IX_HOME(ix, tag);
     uint64_t s;
     while ((s = ix->table[i]) != 0) {
         if (IX_SLOT_TAG(s) == tag) {
@@ -812,7 +832,7 @@ ix_admit_keys(StorageIndex *ix, IxKeys *kp, Py_ssize_t capacity, int counted,
     for (i = 0; i < n; i++) {  /* every key checked before anything changes */
         if (ix_keys_at(&keys, i, &ks[i]) < 0) goto fail;
     }
-    for (i = 0; i < n && i < IX_PREFETCH; i++) __builtin_prefetch(&ix->table[(size_t)IX_TAG(ks[i].hash) & ix->mask]);
+    for (i = 0; i < n && i < IX_PREFETCH; i++) __builtin_prefetch(&ix->table[IX_HOME(ix, IX_TAG(ks[i].hash))]);
     ix->pending_n = ix->pending_at = 0;
     if ((!counted && (deleted = PyList_New(0)) == NULL) || (emptied = PyList_New(0)) == NULL) {
         goto fail;
@@ -833,7 +853,7 @@ ix_admit_keys(StorageIndex *ix, IxKeys *kp, Py_ssize_t capacity, int counted,
             int found;
             size_t at;
             Py_ssize_t e;
-            if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[(size_t)IX_TAG(ks[i + IX_PREFETCH].hash) & ix->mask]);
+            if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[IX_HOME(ix, IX_TAG(ks[i + IX_PREFETCH].hash))]);
             at = ix_probe_value(ix, h, v, &found);
             if (found) {
                 e = IX_SLOT_E(ix->table[at]);
@@ -872,7 +892,7 @@ ix_admit_keys(StorageIndex *ix, IxKeys *kp, Py_ssize_t capacity, int counted,
         const IxKey *k = &ks[i];
         int found;
         size_t at;
-        if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[(size_t)IX_TAG(ks[i + IX_PREFETCH].hash) & ix->mask]);
+        if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[IX_HOME(ix, IX_TAG(ks[i + IX_PREFETCH].hash))]);
         at = ix_probe(ix, k, &found);
         if (found) {
             Py_ssize_t e = IX_SLOT_E(ix->table[at]);
@@ -1292,7 +1312,7 @@ ix_loc_runs(StorageIndex *ix, PyObject *arg)
         Py_ssize_t e;
         int64_t loc;
         if (keys.v != NULL && i + IX_PREFETCH < keys.n) {
-            __builtin_prefetch(&ix->table[(size_t)IX_TAG(ix_hash_i64(keys.v[i + IX_PREFETCH])) & ix->mask]);
+            __builtin_prefetch(&ix->table[IX_HOME(ix, IX_TAG(ix_hash_i64(keys.v[i + IX_PREFETCH])))]);
         }
         if (ix_keys_at(&keys, i, &k) < 0) goto done;
         if ((e = ix_find(ix, &k)) < 0) {
