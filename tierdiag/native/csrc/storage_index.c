@@ -275,28 +275,25 @@ ix_populate_end(StorageIndex *ix)
 }
 
 /* A key as the index holds it: an int of int64 range is its value (obj NULL), any other key
- * (a bigger int, bytes, str) its object (borrowed); with its hash, Python's for that key (an
- * int's: long_hash, the value modulo 2**61 - 1, the sign kept, -1 made -2, computed here
- * without the generic call). The engine's page keys are int64 values (array('q') runs): they
- * are looked up, entered and deleted as values, no int object made for them unless one is
- * handed back (`deleted`, keys(), segment_keys(), a KeyError). */
+ * (a bigger int, bytes, str) its object (borrowed); with its hash: an object's, Python's
+ * (PyObject_Hash), an int64 value's, the value itself (-1, the free entries' mark, made -2). An
+ * int64 value and a key object are never the same key (an int of int64 range is always held as
+ * its value), so the two kinds of hash need not agree: the hash only picks the table slot and
+ * rules out most entries before a compare. (Python's long_hash, the value modulo 2**61 - 1
+ * computed here, was ~15 instructions of every key looked up; the engine's page keys are below
+ * 2**61 where it is the value anyway.) The engine's page keys are int64 values (array('q')
+ * runs): they are looked up, entered and deleted as values, no int object made for them unless
+ * one is handed back (`deleted`, keys(), segment_keys(), a KeyError). */
 typedef struct {
     PyObject *obj;
     int64_t v;
     Py_hash_t hash;
 } IxKey;
 
-#define IX_M61 ((uint64_t)0x1fffffffffffffff)
-
-static Py_hash_t
+static inline Py_hash_t
 ix_hash_i64(int64_t x)
 {
-    uint64_t u = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
-    Py_hash_t h;
-    u = (u & IX_M61) + (u >> 61);
-    if (u >= IX_M61) u -= IX_M61;
-    h = x < 0 ? -(Py_hash_t)u : (Py_hash_t)u;
-    return h == -1 ? -2 : h;
+    return x == -1 ? -2 : (Py_hash_t)x;
 }
 
 static void
@@ -770,8 +767,8 @@ ix_delete_oldest(StorageIndex *ix, int counted, PyObject *deleted, PyObject *emp
 }
 
 /* The table position of int64 key value `v` (hash `h`) in an index of int64 keys only (`obj`
- * NULL), or the empty one where it would go (*found 0): ix_probe with its compare made by value,
- * inlined into admit()'s loop of a key run. */
+ * NULL), or the empty one where it would go (*found 0): ix_probe with its compare made by value
+ * (run()'s hit queries of a key run). */
 static inline __attribute__((always_inline)) size_t
 ix_probe_value(const StorageIndex *ix, Py_hash_t h, int64_t v, int *found)
 {
@@ -806,6 +803,168 @@ PyDoc_STRVAR(ix_admit_doc,
 /* How many keys ahead admit() prefetches the table slot of. */
 #define IX_PREFETCH 8
 
+/* The home slot of int64 key value `v` (the prefetches ahead of a key run's probes). */
+static inline size_t
+ix_home_v(const StorageIndex *ix, int64_t v)
+{
+    return IX_HOME(ix, IX_TAG(ix_hash_i64(v)));
+}
+
+/* admit()'s loop over an int64 key run into an index of int64 keys only (`obj` NULL) whose table
+ * holds every key of the call without a rehash: the engine's writes (issue 41's storage row:
+ * 2.0 M keys, 694k deletions on the whole conversation trace). Each key is touched, or entered
+ * after the oldest pages are deleted while the index is full, into a freed entry or the next
+ * unused one, as admit()'s generic loop does (the same entries, table slots, LRU order,
+ * deletions, pending entries and positions), with the index's fields in locals (an entry's
+ * store may alias them: each one was reloaded after every store), the probe compared by value,
+ * a found key that is already the newest left where it is, and the deletion of the oldest page
+ * (ix_delete_oldest + ix_remove) inlined: the victim is the list's head, and the empty slot a
+ * new key goes to is the first one from its home once the shifts are done (it is absent).
+ * Returns the position it stopped at: n, or the first key that needs the entries to grow
+ * (nothing of its own done yet but the deletions, which the generic loop would have made
+ * alike: it goes on from there), or -1 with an error set (the index consistent, as after the
+ * keys before it and the deletions made). */
+static Py_ssize_t
+ix_admit_run(StorageIndex *ix, const int64_t *v, Py_ssize_t n, Py_ssize_t capacity, int counted,
+             PyObject *deleted, PyObject *emptied, Py_ssize_t *pos, Py_ssize_t *nfresh_io,
+             Py_ssize_t *ndeleted_io, int *all_new_io)
+{
+    IxEntry *const ent = ix->ent;
+    uint64_t *const table = ix->table;
+    const size_t mask = ix->mask;
+    const unsigned shift = ix->shift;
+    const Py_ssize_t top_max = ix->ent_cap < IX_MAX_ENTRIES ? ix->ent_cap : IX_MAX_ENTRIES;
+    Py_ssize_t head = ix->head, tail = ix->tail, len = ix->len, free_head = ix->free_head, top = ix->ent_top;
+    Py_ssize_t pending_n = ix->pending_n, nfresh = *nfresh_io, ndeleted = *ndeleted_io, i;
+    int all_new = *all_new_io, failed = 0;
+    for (i = 0; i < n; i++) {
+        const int64_t key = v[i];
+        const Py_hash_t h = ix_hash_i64(key);
+        const uint32_t tag = IX_TAG(h);
+        size_t at = (size_t)tag >> shift;
+        uint64_t s;
+        Py_ssize_t e;
+        IxEntry *x;
+        if (i + IX_PREFETCH < n) __builtin_prefetch(&table[ix_home_v(ix, v[i + IX_PREFETCH])]);
+        while ((s = table[at]) != 0) {
+            if (IX_SLOT_TAG(s) == tag) {
+                x = &ent[IX_SLOT_E(s)];
+                if (x->hash == h && x->key == key) break;
+            }
+            at = (at + 1) & mask;
+        }
+        if (s != 0) {  /* there: touched (the newest already: it stays) */
+            e = IX_SLOT_E(s);
+            all_new = 0;
+            if (e != tail) {  /* (so it has a next, and the list a tail) */
+                x = &ent[e];
+                if (x->prev >= 0) ent[x->prev].next = x->next; else head = x->next;
+                ent[x->next].prev = x->prev;
+                x->prev = (int32_t)tail;
+                x->next = -1;
+                ent[tail].next = (int32_t)e;
+                tail = e;
+            }
+            continue;
+        }
+        if (len >= capacity) {
+            while (len >= capacity) {  /* the oldest page deleted (ix_delete_oldest) */
+                Py_ssize_t d = head, nx;
+                size_t j, k;
+                int64_t loc;
+                if (d < 0) {  /* OrderedDict.popitem on an empty index (capacity 0) */
+                    PyErr_SetString(PyExc_KeyError, "dictionary is empty");
+                    failed = 1;
+                    goto out;
+                }
+                x = &ent[d];
+                nx = x->next;
+                /* the next victim's entry was prefetched a deletion before: its table slot now,
+                 * and the entry of the victim after it */
+                if (nx >= 0) {
+                    __builtin_prefetch(&table[IX_HOME(ix, IX_TAG(ent[nx].hash))]);
+                    if (ent[nx].next >= 0) __builtin_prefetch(&ent[ent[nx].next]);
+                }
+                loc = x->loc;
+                if (!counted) {  /* the deleted key handed back: made an object only here */
+                    PyObject *old = PyLong_FromLongLong(x->key);
+                    if (old == NULL || PyList_Append(deleted, old) < 0) {
+                        Py_XDECREF(old);
+                        failed = 1;
+                        goto out;
+                    }
+                    Py_DECREF(old);
+                }
+                /* ix_remove: its slot emptied by backward shift */
+                j = IX_HOME(ix, IX_TAG(x->hash));
+                while (IX_SLOT_E(table[j]) != d) j = (j + 1) & mask;
+                table[j] = 0;
+                for (k = (j + 1) & mask; (s = table[k]) != 0; k = (k + 1) & mask) {
+                    size_t home = IX_HOME(ix, IX_SLOT_TAG(s));
+                    if (((k - home) & mask) >= ((k - j) & mask)) {
+                        table[j] = s;
+                        table[k] = 0;
+                        j = k;
+                    }
+                }
+                head = nx;
+                if (nx >= 0) ent[nx].prev = -1; else tail = -1;
+                x->hash = -1;
+                x->next = (int32_t)free_head;
+                free_head = d;
+                len--;
+                ndeleted++;
+                if (loc >= 0) {
+                    int64_t seg = loc >> IX_SLOT_BITS;
+                    if (--ix->live[seg] == 0) {
+                        PyObject *o = PyLong_FromLongLong(seg);
+                        if (o == NULL || PyList_Append(emptied, o) < 0) {
+                            Py_XDECREF(o);
+                            failed = 1;
+                            goto out;
+                        }
+                        Py_DECREF(o);
+                    }
+                }
+            }
+            at = (size_t)tag >> shift;  /* the table shifted: the first empty slot from home */
+            while (table[at] != 0) at = (at + 1) & mask;
+        }
+        if (free_head >= 0) {
+            e = free_head;
+            free_head = ent[e].next;
+        } else if (top < top_max) {
+            e = top++;
+            if (ix->populating && e % IX_CHUNK_ENTRIES == 0) ix_populate_used(ix, top);
+        } else {
+            break;  /* the entries grow: ix_insert's, in the generic loop */
+        }
+        x = &ent[e];
+        x->key = key;
+        x->hash = h;
+        x->loc = -1;
+        x->prev = (int32_t)tail;
+        x->next = -1;
+        table[at] = IX_SLOT(e, h);
+        if (tail >= 0) ent[tail].next = (int32_t)e; else head = e;
+        tail = e;
+        len++;
+        if (pending_n < IX_PENDING) ix->pending[pending_n++] = e;
+        pos[nfresh++] = i;
+    }
+out:
+    ix->head = head;
+    ix->tail = tail;
+    ix->len = len;
+    ix->free_head = free_head;
+    ix->ent_top = top;
+    ix->pending_n = pending_n;
+    *nfresh_io = nfresh;
+    *ndeleted_io = ndeleted;
+    *all_new_io = all_new;
+    return failed ? -1 : i;
+}
+
 /* admit() of keys loaded by the caller (who releases them): 0 with *deleted_out (a count when
  * `counted`, else the list), *fresh_out and *emptied_out made (new references), or -1 with an
  * error set and nothing made. */
@@ -816,83 +975,49 @@ ix_admit_keys(StorageIndex *ix, IxKeys *kp, Py_ssize_t capacity, int counted,
     PyObject *deleted = NULL, *fresh = NULL, *emptied = NULL;
     IxKeys keys = *kp;
     Py_ssize_t n, i, nfresh = 0, ndeleted = 0;
+    /* a list's keys loaded up front (each checked before anything changes); a run's are read
+     * in place as they come (an int64 value cannot fail to load) */
     IxKey small_ks[SMALL_LIST], *ks = small_ks;
     Py_ssize_t small_pos[SMALL_LIST], *pos = small_pos;  /* the positions entered new, in order */
+    const int64_t *rv = keys.list == NULL ? keys.v : NULL;
     int all_new;
     n = keys.n;
     all_new = n <= capacity;
     if (n > SMALL_LIST) {
-        ks = PyMem_Malloc((size_t)n * sizeof *ks);
+        ks = rv == NULL ? PyMem_Malloc((size_t)n * sizeof *ks) : NULL;
         pos = PyMem_Malloc((size_t)n * sizeof *pos);
-        if (ks == NULL || pos == NULL) {
+        if ((ks == NULL && rv == NULL) || pos == NULL) {
             PyErr_NoMemory();
             goto fail;
         }
     }
-    for (i = 0; i < n; i++) {  /* every key checked before anything changes */
-        if (ix_keys_at(&keys, i, &ks[i]) < 0) goto fail;
+    if (rv == NULL) {
+        for (i = 0; i < n; i++) {  /* every key checked before anything changes */
+            if (ix_keys_at(&keys, i, &ks[i]) < 0) goto fail;
+        }
     }
-    for (i = 0; i < n && i < IX_PREFETCH; i++) __builtin_prefetch(&ix->table[IX_HOME(ix, IX_TAG(ks[i].hash))]);
+    for (i = 0; i < n && i < IX_PREFETCH; i++) {
+        __builtin_prefetch(&ix->table[rv != NULL ? ix_home_v(ix, rv[i]) : IX_HOME(ix, IX_TAG(ks[i].hash))]);
+    }
     ix->pending_n = ix->pending_at = 0;
     if ((!counted && (deleted = PyList_New(0)) == NULL) || (emptied = PyList_New(0)) == NULL) {
         goto fail;
     }
     i = 0;
-    if (keys.list == NULL && ix->obj == NULL && (size_t)(ix->len + n) * 2 <= ix->mask + 1) {
-        /* The engine's writes (issue 41's storage row: ~770k keys on conversation[:4000]): an
-         * int64 run into an index of int64 keys only, whose table holds every key of the call
-         * without a rehash. Each key is touched, or entered after the oldest pages are deleted
-         * while the index is full, into a freed entry or the next unused one, as the loop
-         * below does (the same entries, table slots, LRU order, deletions, pending entries and
-         * positions), its probe inlined and compared by value. A key that needs the entries to
-         * grow goes on in the loop below from there (nothing of its own done yet but the
-         * deletions, which that loop would have made alike). */
-        for (; i < n; i++) {
-            Py_hash_t h = ks[i].hash;
-            int64_t v = ks[i].v;
-            int found;
-            size_t at;
-            Py_ssize_t e;
-            if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[IX_HOME(ix, IX_TAG(ks[i + IX_PREFETCH].hash))]);
-            at = ix_probe_value(ix, h, v, &found);
-            if (found) {
-                e = IX_SLOT_E(ix->table[at]);
-                ix_unlink(ix, e);
-                ix_push_newest(ix, e);
-                all_new = 0;
-                continue;
-            }
-            if (ix->len >= capacity) {
-                while (ix->len >= capacity) {
-                    if (ix_delete_oldest(ix, counted, deleted, emptied) < 0) goto fail;
-                    ndeleted++;
-                }
-                at = ix_probe_value(ix, h, v, &found);  /* the table shifted */
-            }
-            if (ix->free_head >= 0) {
-                e = ix->free_head;
-                ix->free_head = ix->ent[e].next;
-            } else if (ix->ent_top < ix->ent_cap && ix->ent_top < IX_MAX_ENTRIES) {
-                e = ix->ent_top++;
-                if (ix->populating && e % IX_CHUNK_ENTRIES == 0) ix_populate_used(ix, ix->ent_top);
-            } else {
-                break;  /* the entries grow: ix_insert's, below */
-            }
-            ix->ent[e].key = v;
-            ix->ent[e].hash = h;
-            ix->ent[e].loc = -1;
-            ix->table[at] = IX_SLOT(e, h);
-            ix_push_newest(ix, e);
-            ix->len++;
-            if (ix->pending_n < IX_PENDING) ix->pending[ix->pending_n++] = e;
-            pos[nfresh++] = i;
-        }
+    if (rv != NULL && ix->obj == NULL && (size_t)(ix->len + n) * 2 <= ix->mask + 1) {
+        i = ix_admit_run(ix, rv, n, capacity, counted, deleted, emptied, pos, &nfresh, &ndeleted, &all_new);
+        if (i < 0) goto fail;
     }
     for (; i < n; i++) {
-        const IxKey *k = &ks[i];
+        IxKey kv;
+        const IxKey *k = &kv;
         int found;
         size_t at;
-        if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[IX_HOME(ix, IX_TAG(ks[i + IX_PREFETCH].hash))]);
+        if (rv != NULL) ix_key_v(&kv, rv[i]); else k = &ks[i];
+        if (i + IX_PREFETCH < n) {
+            __builtin_prefetch(&ix->table[rv != NULL ? ix_home_v(ix, rv[i + IX_PREFETCH])
+                                                     : IX_HOME(ix, IX_TAG(ks[i + IX_PREFETCH].hash))]);
+        }
         at = ix_probe(ix, k, &found);
         if (found) {
             Py_ssize_t e = IX_SLOT_E(ix->table[at]);
@@ -930,7 +1055,10 @@ ix_admit_keys(StorageIndex *ix, IxKeys *kp, Py_ssize_t capacity, int counted,
             goto fail;
         }
         for (i = nfresh - 1; i >= 0; i--) {
-            Py_ssize_t e = ix_find(ix, &ks[pos[i]]);
+            IxKey kv;
+            Py_ssize_t e;
+            if (rv != NULL) ix_key_v(&kv, rv[pos[i]]);
+            e = ix_find(ix, rv != NULL ? &kv : &ks[pos[i]]);
             if (e >= 0 && ix->ent[e].loc == -1) {
                 ix->ent[e].loc = -2;
                 marked[nmarked++] = e;
@@ -1391,6 +1519,15 @@ ix_run(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     keys.list = NULL;
     keys.buf.obj = NULL;
     if (!run_items(args[0], &keys.v, &keys.n) && !ix_keys_load(args[0], &keys)) return NULL;
+    if (keys.list == NULL && ix->obj == NULL) {  /* the engine's: compared by value */
+        for (i = start; i < keys.n; i++) {
+            int found;
+            (void)ix_probe_value(ix, ix_hash_i64(keys.v[i]), keys.v[i], &found);
+            if (!found) break;
+        }
+        ix_keys_release(&keys);
+        return PyLong_FromSsize_t(i - start > 0 ? i - start : 0);
+    }
     for (i = start; i < keys.n; i++) {
         IxKey k;
         if (ix_keys_at(&keys, i, &k) < 0) {
