@@ -374,13 +374,40 @@ ix_entry_key(StorageIndex *ix, Py_ssize_t e)
     return PyLong_FromLongLong(ix->ent[e].key);
 }
 
-/* The table position holding `k`, or the empty one where it would go (*found 0). */
-static size_t
-ix_probe(StorageIndex *ix, const IxKey *k, int *found)
+/* The table position of int64 key value `v` (hash `h`) in an index of int64 keys only (`obj`
+ * NULL), or the empty one where it would go (*found 0): ix_probe's, its compare made by value. */
+static inline __attribute__((always_inline)) size_t
+ix_probe_value(const StorageIndex *ix, Py_hash_t h, int64_t v, int *found)
 {
-    uint32_t tag = IX_TAG(k->hash);
+    uint32_t tag = IX_TAG(h);
     size_t i = IX_HOME(ix, tag);
     uint64_t s;
+    while ((s = ix->table[i]) != 0) {
+        if (IX_SLOT_TAG(s) == tag) {
+            const IxEntry *x = &ix->ent[IX_SLOT_E(s)];
+            if (x->hash == h && x->key == v) {
+                *found = 1;
+                return i;
+            }
+        }
+        i = (i + 1) & ix->mask;
+    }
+    *found = 0;
+    return i;
+}
+
+/* The table position holding `k`, or the empty one where it would go (*found 0). An int64 key in
+ * an index of int64 keys only (the engine's: its reads' locations and touches, its writes'
+ * placeholders, hit queries) is compared by value, no key object looked at. */
+static inline __attribute__((always_inline)) size_t
+ix_probe(StorageIndex *ix, const IxKey *k, int *found)
+{
+    uint32_t tag;
+    size_t i;
+    uint64_t s;
+    if (k->obj == NULL && ix->obj == NULL) return ix_probe_value(ix, k->hash, k->v, found);
+    tag = IX_TAG(k->hash);
+    i = IX_HOME(ix, tag);
     while ((s = ix->table[i]) != 0) {
         if (IX_SLOT_TAG(s) == tag && ix_entry_is(ix, IX_SLOT_E(s), k)) {
             *found = 1;
@@ -393,7 +420,7 @@ ix_probe(StorageIndex *ix, const IxKey *k, int *found)
 }
 
 /* The entry of `k`, or -1. */
-static Py_ssize_t
+static inline __attribute__((always_inline)) Py_ssize_t
 ix_find(StorageIndex *ix, const IxKey *k)
 {
     int found;
@@ -764,29 +791,6 @@ ix_delete_oldest(StorageIndex *ix, int counted, PyObject *deleted, PyObject *emp
         }
     }
     return 0;
-}
-
-/* The table position of int64 key value `v` (hash `h`) in an index of int64 keys only (`obj`
- * NULL), or the empty one where it would go (*found 0): ix_probe with its compare made by value
- * (run()'s hit queries of a key run). */
-static inline __attribute__((always_inline)) size_t
-ix_probe_value(const StorageIndex *ix, Py_hash_t h, int64_t v, int *found)
-{
-    uint32_t tag = IX_TAG(h);
-    size_t i = IX_HOME(ix, tag);
-    uint64_t s;
-    while ((s = ix->table[i]) != 0) {
-        if (IX_SLOT_TAG(s) == tag) {
-            const IxEntry *x = &ix->ent[IX_SLOT_E(s)];
-            if (x->hash == h && x->key == v) {
-                *found = 1;
-                return i;
-            }
-        }
-        i = (i + 1) & ix->mask;
-    }
-    *found = 0;
-    return i;
 }
 
 PyDoc_STRVAR(ix_admit_doc,
@@ -1489,8 +1493,10 @@ ix_touch_all(StorageIndex *ix, PyObject *arg)
             ix_keys_release(&keys);
             return NULL;
         }
-        ix_unlink(ix, e);
-        ix_push_newest(ix, e);
+        if (e != ix->tail) {  /* (the newest already: it stays) */
+            ix_unlink(ix, e);
+            ix_push_newest(ix, e);
+        }
     }
     ix_keys_release(&keys);
     Py_RETURN_NONE;
@@ -1519,7 +1525,7 @@ ix_run(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     keys.list = NULL;
     keys.buf.obj = NULL;
     if (!run_items(args[0], &keys.v, &keys.n) && !ix_keys_load(args[0], &keys)) return NULL;
-    if (keys.list == NULL && ix->obj == NULL) {  /* the engine's: compared by value */
+    if (keys.list == NULL && ix->obj == NULL) {  /* the engine's: its run probed by value */
         for (i = start; i < keys.n; i++) {
             int found;
             (void)ix_probe_value(ix, ix_hash_i64(keys.v[i]), keys.v[i], &found);
