@@ -849,7 +849,7 @@ ix_admit_run(StorageIndex *ix, const int64_t *v, Py_ssize_t n, Py_ssize_t capaci
         uint64_t s;
         Py_ssize_t e;
         IxEntry *x;
-        if (i + IX_PREFETCH < n) __builtin_prefetch(&table[ix_home_v(ix, v[i + IX_PREFETCH])]);
+        if (i + IX_PREFETCH < n) __builtin_prefetch(&table[(size_t)IX_TAG(ix_hash_i64(v[i + IX_PREFETCH])) >> shift]);
         while ((s = table[at]) != 0) {
             if (IX_SLOT_TAG(s) == tag) {
                 x = &ent[IX_SLOT_E(s)];
@@ -859,7 +859,10 @@ ix_admit_run(StorageIndex *ix, const int64_t *v, Py_ssize_t n, Py_ssize_t capaci
         }
         if (s != 0) {  /* there: touched (the newest already: it stays) */
             e = IX_SLOT_E(s);
-            all_new = 0;
+            if (all_new) {  /* the keys before it were all entered new, in order: their positions */
+                for (Py_ssize_t p = 0; p < nfresh; p++) pos[p] = p;
+                all_new = 0;
+            }
             if (e != tail) {  /* (so it has a next, and the list a tail) */
                 x = &ent[e];
                 if (x->prev >= 0) ent[x->prev].next = x->next; else head = x->next;
@@ -886,7 +889,7 @@ ix_admit_run(StorageIndex *ix, const int64_t *v, Py_ssize_t n, Py_ssize_t capaci
                 /* the next victim's entry was prefetched a deletion before: its table slot now,
                  * and the entry of the victim after it */
                 if (nx >= 0) {
-                    __builtin_prefetch(&table[IX_HOME(ix, IX_TAG(ent[nx].hash))]);
+                    __builtin_prefetch(&table[(size_t)IX_TAG(ent[nx].hash) >> shift]);
                     if (ent[nx].next >= 0) __builtin_prefetch(&ent[ent[nx].next]);
                 }
                 loc = x->loc;
@@ -900,11 +903,11 @@ ix_admit_run(StorageIndex *ix, const int64_t *v, Py_ssize_t n, Py_ssize_t capaci
                     Py_DECREF(old);
                 }
                 /* ix_remove: its slot emptied by backward shift */
-                j = IX_HOME(ix, IX_TAG(x->hash));
+                j = (size_t)IX_TAG(x->hash) >> shift;
                 while (IX_SLOT_E(table[j]) != d) j = (j + 1) & mask;
                 table[j] = 0;
                 for (k = (j + 1) & mask; (s = table[k]) != 0; k = (k + 1) & mask) {
-                    size_t home = IX_HOME(ix, IX_SLOT_TAG(s));
+                    size_t home = (size_t)IX_SLOT_TAG(s) >> shift;
                     if (((k - home) & mask) >= ((k - j) & mask)) {
                         table[j] = s;
                         table[k] = 0;
@@ -939,7 +942,7 @@ ix_admit_run(StorageIndex *ix, const int64_t *v, Py_ssize_t n, Py_ssize_t capaci
             free_head = ent[e].next;
         } else if (top < top_max) {
             e = top++;
-            if (ix->populating && e % IX_CHUNK_ENTRIES == 0) ix_populate_used(ix, top);
+            if (e % IX_CHUNK_ENTRIES == 0 && ix->populating) ix_populate_used(ix, top);
         } else {
             break;  /* the entries grow: ix_insert's, in the generic loop */
         }
@@ -954,7 +957,11 @@ ix_admit_run(StorageIndex *ix, const int64_t *v, Py_ssize_t n, Py_ssize_t capaci
         tail = e;
         len++;
         if (pending_n < IX_PENDING) ix->pending[pending_n++] = e;
-        pos[nfresh++] = i;
+        if (!all_new) pos[nfresh] = i;  /* (while all are new, position k is the k-th: made if needed) */
+        nfresh++;
+    }
+    if (all_new && i < n) {  /* the generic loop goes on: its positions are written */
+        for (Py_ssize_t p = 0; p < nfresh; p++) pos[p] = p;
     }
 out:
     ix->head = head;
