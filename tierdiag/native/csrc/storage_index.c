@@ -747,6 +747,22 @@ ix_touch(StorageIndex *ix, PyObject *key)
     Py_RETURN_NONE;
 }
 
+/* A deleted page (at `loc`: -1, never placed) no longer counted live in its segment, which is
+ * named in `emptied` when that was its last live page. 0, or -1 with an error set (no memory). */
+static inline int
+ix_page_gone(StorageIndex *ix, int64_t loc, PyObject *emptied)
+{
+    if (loc >= 0 && --ix->live[loc >> IX_SLOT_BITS] == 0) {
+        PyObject *s = PyLong_FromLongLong(loc >> IX_SLOT_BITS);
+        if (s == NULL || PyList_Append(emptied, s) < 0) {
+            Py_XDECREF(s);
+            return -1;
+        }
+        Py_DECREF(s);
+    }
+    return 0;
+}
+
 /* admit()'s deletion of the oldest page to make room: the key handed back in `deleted` (not
  * `counted`), its segment named in `emptied` when its last live page went. 0, or -1 with an
  * error set (an empty index: OrderedDict.popitem's KeyError; no memory). */
@@ -779,18 +795,7 @@ ix_delete_oldest(StorageIndex *ix, int counted, PyObject *deleted, PyObject *emp
         Py_DECREF(old);
     }
     ix_remove(ix, e);
-    if (loc >= 0) {
-        int64_t seg = loc >> IX_SLOT_BITS;
-        if (--ix->live[seg] == 0) {
-            PyObject *s = PyLong_FromLongLong(seg);
-            if (s == NULL || PyList_Append(emptied, s) < 0) {
-                Py_XDECREF(s);
-                return -1;
-            }
-            Py_DECREF(s);
-        }
-    }
-    return 0;
+    return ix_page_gone(ix, loc, emptied);
 }
 
 PyDoc_STRVAR(ix_admit_doc,
@@ -921,17 +926,9 @@ ix_admit_run(StorageIndex *ix, const int64_t *v, Py_ssize_t n, Py_ssize_t capaci
                 free_head = d;
                 len--;
                 ndeleted++;
-                if (loc >= 0) {
-                    int64_t seg = loc >> IX_SLOT_BITS;
-                    if (--ix->live[seg] == 0) {
-                        PyObject *o = PyLong_FromLongLong(seg);
-                        if (o == NULL || PyList_Append(emptied, o) < 0) {
-                            Py_XDECREF(o);
-                            failed = 1;
-                            goto out;
-                        }
-                        Py_DECREF(o);
-                    }
+                if (ix_page_gone(ix, loc, emptied) < 0) {
+                    failed = 1;
+                    goto out;
                 }
             }
             at = (size_t)tag >> shift;  /* the table shifted: the first empty slot from home */
