@@ -21,10 +21,10 @@
 /* are found through an open-addressing table (linear probing, deletion by backward shift, kept */
 /* at most half full). A table slot holds the entry number + 1 (0: empty) and a 32-bit tag of   */
 /* the key's hash, whose top bits are its home (tables stay under 2**32 slots): a probe past    */
-/* other keys, and the backward shift of a deletion, read the table alone. The tag is the hash        */
-/* multiplied by an odd constant, high half: an int's hash is the int itself, and the page keys */
-/* of a hash_ids trace are runs of consecutive ints, which as homes would pile into long runs   */
-/* of the table that every probe for an absent key walks to the end. A tier of */
+/* other keys, and the backward shift of a deletion, read the table alone. The tag is the hash */
+/* (an int64 key's: its value) times the golden ratio, high half; the page keys of a hash_ids   */
+/* trace are runs of consecutive ints, which the tag's low bits as homes spread unevenly (runs  */
+/* of the table every probe and deletion walks), its top bits evenly (IX_HOME). A tier of       */
 /* ~800k pages is tens of MB of entries and table, so every entry or key read is a cache miss;  */
 /* admit() also prefetches the slots of the keys ahead, and the next victims' entries and table */
 /* slots; the large arrays are mapped with huge pages (ix_big_alloc).                           */
