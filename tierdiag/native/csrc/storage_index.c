@@ -829,7 +829,9 @@ ix_home_v(const StorageIndex *ix, int64_t v)
  * a found key that is already the newest left where it is, and the deletion of the oldest page
  * (ix_delete_oldest + ix_remove) inlined: the victim is the list's head, and the empty slot a
  * new key goes to is the first one from its home once the shifts are done (it is absent).
- * Returns the position it stopped at: n, or the first key that needs the entries to grow
+ * Called first (no key entered yet: *nfresh_io 0, no pending entry), so the k-th new key's entry
+ * is the k-th pending one. Returns the position it stopped at: n, or the first key that needs
+ * the entries to grow
  * (nothing of its own done yet but the deletions, which the generic loop would have made
  * alike: it goes on from there), or -1 with an error set (the index consistent, as after the
  * keys before it and the deletions made). */
@@ -844,7 +846,7 @@ ix_admit_run(StorageIndex *ix, const int64_t *v, Py_ssize_t n, Py_ssize_t capaci
     const unsigned shift = ix->shift;
     const Py_ssize_t top_max = ix->ent_cap < IX_MAX_ENTRIES ? ix->ent_cap : IX_MAX_ENTRIES;
     Py_ssize_t head = ix->head, tail = ix->tail, len = ix->len, free_head = ix->free_head, top = ix->ent_top;
-    Py_ssize_t pending_n = ix->pending_n, nfresh = *nfresh_io, ndeleted = *ndeleted_io, i;
+    Py_ssize_t nfresh = *nfresh_io, ndeleted = *ndeleted_io, i;
     int all_new = *all_new_io, failed = 0;
     for (i = 0; i < n; i++) {
         const int64_t key = v[i];
@@ -953,7 +955,7 @@ ix_admit_run(StorageIndex *ix, const int64_t *v, Py_ssize_t n, Py_ssize_t capaci
         if (tail >= 0) ent[tail].next = (int32_t)e; else head = e;
         tail = e;
         len++;
-        if (pending_n < IX_PENDING) ix->pending[pending_n++] = e;
+        if (nfresh < IX_PENDING) ix->pending[nfresh] = e;  /* (the k-th pending entry is the k-th new one) */
         if (!all_new) pos[nfresh] = i;  /* (while all are new, position k is the k-th: made if needed) */
         nfresh++;
     }
@@ -966,7 +968,7 @@ out:
     ix->len = len;
     ix->free_head = free_head;
     ix->ent_top = top;
-    ix->pending_n = pending_n;
+    ix->pending_n = nfresh < IX_PENDING ? nfresh : IX_PENDING;
     *nfresh_io = nfresh;
     *ndeleted_io = ndeleted;
     *all_new_io = all_new;
