@@ -20,11 +20,11 @@
 /* int object a key (one is made only for a key handed back). Entries live in one array linked into the LRU list (oldest first) and */
 /* are found through an open-addressing table (linear probing, deletion by backward shift, kept */
 /* at most half full). A table slot holds the entry number + 1 (0: empty) and a 32-bit tag of   */
-/* the key's hash, which is also its home (tables stay under 2**32 slots): a probe past other   */
-/* keys, and the backward shift of a deletion, read the table alone. The tag is the hash        */
-/* multiplied by an odd constant, high half: an int's hash is the int itself, and the page keys */
-/* of a hash_ids trace are runs of consecutive ints, which as homes would pile into long runs   */
-/* of the table that every probe for an absent key walks to the end. A tier of */
+/* the key's hash, whose top bits are its home (tables stay under 2**32 slots): a probe past    */
+/* other keys, and the backward shift of a deletion, read the table alone. The tag is the hash */
+/* (an int64 key's: its value) times the golden ratio, high half; the page keys of a hash_ids   */
+/* trace are runs of consecutive ints, which the tag's low bits as homes spread unevenly (runs  */
+/* of the table every probe and deletion walks), its top bits evenly (IX_HOME). A tier of       */
 /* ~800k pages is tens of MB of entries and table, so every entry or key read is a cache miss;  */
 /* admit() also prefetches the slots of the keys ahead, and the next victims' entries and table */
 /* slots; the large arrays are mapped with huge pages (ix_big_alloc).                           */
@@ -52,6 +52,7 @@ typedef struct {
     Py_ssize_t ent_cap, ent_top, free_head;  /* entries ever used: [0, ent_top) */
     uint64_t *table;                         /* IX_SLOT(e, hash); 0: empty */
     size_t mask;                             /* table size - 1 (a power of two, below 2**32) */
+    unsigned shift;                          /* 32 - log2(table size): a tag's home is its top bits */
     Py_ssize_t len, head, tail;              /* head: the least recently used */
     int64_t *live;                           /* live pages of segment number n */
     Py_ssize_t live_cap;
@@ -75,7 +76,23 @@ typedef struct {
 #define IX_SLOT(e, hash) (((uint64_t)IX_TAG(hash) << 32) | (uint64_t)((e) + 1))
 #define IX_SLOT_E(s) ((Py_ssize_t)((s) & 0xffffffffu) - 1)
 #define IX_SLOT_TAG(s) ((uint32_t)((s) >> 32))
+/* A tag's home in the table: its top log2(size) bits (Fibonacci hashing), not its low ones. The
+ * engine's page keys are mostly runs of consecutive ints, whose tags (the int times the golden
+ * ratio) spread evenly only in their top bits: homes taken from the low bits of the tag (bits
+ * 32-52 of the product for a table of 2**21 slots) left a full tier's keys ~0.80 slots from home
+ * on average and in clusters of ~3.5 slots, the top bits ~0.02 and ~1.4 (the whole-trace storage
+ * replay's 781,250 keys; a probe and a deletion's backward shift walk these). */
+#define IX_HOME(ix, tag) ((size_t)(tag) >> (ix)->shift)
 #define IX_MAX_ENTRIES ((Py_ssize_t)0x7fffffff)  /* and tables of at most 2**32 slots */
+
+/* 32 - log2(size) for a table of `size` slots (a power of two, 1 .. 2**32). */
+static unsigned
+ix_shift(size_t size)
+{
+    unsigned bits = 0;
+    while (((size_t)1 << bits) < size) bits++;
+    return 32 - bits;
+}
 
 #define IX_SLOT_BITS 32
 #define IX_MAX_SEGMENT ((int64_t)1 << 31)
@@ -258,28 +275,25 @@ ix_populate_end(StorageIndex *ix)
 }
 
 /* A key as the index holds it: an int of int64 range is its value (obj NULL), any other key
- * (a bigger int, bytes, str) its object (borrowed); with its hash, Python's for that key (an
- * int's: long_hash, the value modulo 2**61 - 1, the sign kept, -1 made -2, computed here
- * without the generic call). The engine's page keys are int64 values (array('q') runs): they
- * are looked up, entered and deleted as values, no int object made for them unless one is
- * handed back (`deleted`, keys(), segment_keys(), a KeyError). */
+ * (a bigger int, bytes, str) its object (borrowed); with its hash: an object's, Python's
+ * (PyObject_Hash), an int64 value's, the value itself (-1, the free entries' mark, made -2). An
+ * int64 value and a key object are never the same key (an int of int64 range is always held as
+ * its value), so the two kinds of hash need not agree: the hash only picks the table slot and
+ * rules out most entries before a compare. (Python's long_hash, the value modulo 2**61 - 1
+ * computed here, was ~15 instructions of every key looked up; the engine's page keys are below
+ * 2**61 where it is the value anyway.) The engine's page keys are int64 values (array('q')
+ * runs): they are looked up, entered and deleted as values, no int object made for them unless
+ * one is handed back (`deleted`, keys(), segment_keys(), a KeyError). */
 typedef struct {
     PyObject *obj;
     int64_t v;
     Py_hash_t hash;
 } IxKey;
 
-#define IX_M61 ((uint64_t)0x1fffffffffffffff)
-
-static Py_hash_t
+static inline Py_hash_t
 ix_hash_i64(int64_t x)
 {
-    uint64_t u = x < 0 ? (uint64_t)0 - (uint64_t)x : (uint64_t)x;
-    Py_hash_t h;
-    u = (u & IX_M61) + (u >> 61);
-    if (u >= IX_M61) u -= IX_M61;
-    h = x < 0 ? -(Py_hash_t)u : (Py_hash_t)u;
-    return h == -1 ? -2 : h;
+    return x == -1 ? -2 : (Py_hash_t)x;
 }
 
 static void
@@ -360,13 +374,40 @@ ix_entry_key(StorageIndex *ix, Py_ssize_t e)
     return PyLong_FromLongLong(ix->ent[e].key);
 }
 
-/* The table position holding `k`, or the empty one where it would go (*found 0). */
-static size_t
+/* The table position of int64 key value `v` (hash `h`) in an index of int64 keys only (`obj`
+ * NULL), or the empty one where it would go (*found 0): ix_probe's, its compare made by value. */
+static inline __attribute__((always_inline)) size_t
+ix_probe_value(const StorageIndex *ix, Py_hash_t h, int64_t v, int *found)
+{
+    uint32_t tag = IX_TAG(h);
+    size_t i = IX_HOME(ix, tag);
+    uint64_t s;
+    while ((s = ix->table[i]) != 0) {
+        if (IX_SLOT_TAG(s) == tag) {
+            const IxEntry *x = &ix->ent[IX_SLOT_E(s)];
+            if (x->hash == h && x->key == v) {
+                *found = 1;
+                return i;
+            }
+        }
+        i = (i + 1) & ix->mask;
+    }
+    *found = 0;
+    return i;
+}
+
+/* The table position holding `k`, or the empty one where it would go (*found 0). An int64 key in
+ * an index of int64 keys only (the engine's: its reads' locations and touches, its writes'
+ * placeholders, hit queries) is compared by value, no key object looked at. */
+static inline __attribute__((always_inline)) size_t
 ix_probe(StorageIndex *ix, const IxKey *k, int *found)
 {
-    uint32_t tag = IX_TAG(k->hash);
-    size_t i = (size_t)tag & ix->mask;
+    uint32_t tag;
+    size_t i;
     uint64_t s;
+    if (k->obj == NULL && ix->obj == NULL) return ix_probe_value(ix, k->hash, k->v, found);
+    tag = IX_TAG(k->hash);
+    i = IX_HOME(ix, tag);
     while ((s = ix->table[i]) != 0) {
         if (IX_SLOT_TAG(s) == tag && ix_entry_is(ix, IX_SLOT_E(s), k)) {
             *found = 1;
@@ -379,7 +420,7 @@ ix_probe(StorageIndex *ix, const IxKey *k, int *found)
 }
 
 /* The entry of `k`, or -1. */
-static Py_ssize_t
+static inline __attribute__((always_inline)) Py_ssize_t
 ix_find(StorageIndex *ix, const IxKey *k)
 {
     int found;
@@ -483,6 +524,7 @@ ix_rehash(StorageIndex *ix, size_t size)
 {
     uint64_t *old = ix->table, *t;
     size_t old_size = ix->mask + 1, mask = size - 1;
+    unsigned shift = ix_shift(size);
     ix_populate_end(ix);  /* the old table is unmapped below */
     if (size > ((size_t)1 << 32) || (t = ix_big_alloc(size * sizeof(uint64_t))) == NULL) {
         PyErr_NoMemory();
@@ -492,7 +534,7 @@ ix_rehash(StorageIndex *ix, size_t size)
     for (size_t j = 0; j < old_size; j++) {
         uint64_t s = old[j];
         if (s != 0) {
-            size_t i = IX_SLOT_TAG(s) & mask;
+            size_t i = (size_t)IX_SLOT_TAG(s) >> shift;
             while (t[i] != 0) i = (i + 1) & mask;
             t[i] = s;
         }
@@ -500,6 +542,7 @@ ix_rehash(StorageIndex *ix, size_t size)
     ix_big_free(old, old_size * sizeof(uint64_t));
     ix->table = t;
     ix->mask = mask;
+    ix->shift = shift;
     return 0;
 }
 
@@ -567,12 +610,12 @@ ix_insert(StorageIndex *ix, const IxKey *k, size_t at, int64_t loc)
 static void
 ix_remove(StorageIndex *ix, Py_ssize_t e)
 {
-    size_t i = (size_t)IX_TAG(ix->ent[e].hash) & ix->mask, j;
+    size_t i = IX_HOME(ix, IX_TAG(ix->ent[e].hash)), j;
     uint64_t *t = ix->table;
     while (IX_SLOT_E(t[i]) != e) i = (i + 1) & ix->mask;
     t[i] = 0;
     for (j = (i + 1) & ix->mask; t[j] != 0; j = (j + 1) & ix->mask) {
-        size_t home = IX_SLOT_TAG(t[j]) & ix->mask;
+        size_t home = IX_HOME(ix, IX_SLOT_TAG(t[j]));
         /* the entry at j may move back to i unless its home lies cyclically in (i, j] */
         if (((j - home) & ix->mask) >= ((j - i) & ix->mask)) {
             t[i] = t[j];
@@ -644,6 +687,7 @@ ix_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return PyErr_NoMemory();
     }
     ix->mask = size - 1;
+    ix->shift = ix_shift(size);
     if (reserve > 0) {
         /* the whole mapping as entries (a large one is rounded up to 2 MiB anyway) */
         size_t bytes = (size_t)reserve * sizeof(IxEntry);
@@ -703,6 +747,22 @@ ix_touch(StorageIndex *ix, PyObject *key)
     Py_RETURN_NONE;
 }
 
+/* A deleted page (at `loc`: -1, never placed) no longer counted live in its segment, which is
+ * named in `emptied` when that was its last live page. 0, or -1 with an error set (no memory). */
+static inline int
+ix_page_gone(StorageIndex *ix, int64_t loc, PyObject *emptied)
+{
+    if (loc >= 0 && --ix->live[loc >> IX_SLOT_BITS] == 0) {
+        PyObject *s = PyLong_FromLongLong(loc >> IX_SLOT_BITS);
+        if (s == NULL || PyList_Append(emptied, s) < 0) {
+            Py_XDECREF(s);
+            return -1;
+        }
+        Py_DECREF(s);
+    }
+    return 0;
+}
+
 /* admit()'s deletion of the oldest page to make room: the key handed back in `deleted` (not
  * `counted`), its segment named in `emptied` when its last live page went. 0, or -1 with an
  * error set (an empty index: OrderedDict.popitem's KeyError; no memory). */
@@ -721,7 +781,7 @@ ix_delete_oldest(StorageIndex *ix, int counted, PyObject *deleted, PyObject *emp
          * the victim after it */
         Py_ssize_t nx = ix->ent[e].next;
         if (nx >= 0) {
-            __builtin_prefetch(&ix->table[(size_t)IX_TAG(ix->ent[nx].hash) & ix->mask]);
+            __builtin_prefetch(&ix->table[IX_HOME(ix, IX_TAG(ix->ent[nx].hash))]);
             if (ix->ent[nx].next >= 0) __builtin_prefetch(&ix->ent[ix->ent[nx].next]);
         }
     }
@@ -735,41 +795,7 @@ ix_delete_oldest(StorageIndex *ix, int counted, PyObject *deleted, PyObject *emp
         Py_DECREF(old);
     }
     ix_remove(ix, e);
-    if (loc >= 0) {
-        int64_t seg = loc >> IX_SLOT_BITS;
-        if (--ix->live[seg] == 0) {
-            PyObject *s = PyLong_FromLongLong(seg);
-            if (s == NULL || PyList_Append(emptied, s) < 0) {
-                Py_XDECREF(s);
-                return -1;
-            }
-            Py_DECREF(s);
-        }
-    }
-    return 0;
-}
-
-/* The table position of int64 key value `v` (hash `h`) in an index of int64 keys only (`obj`
- * NULL), or the empty one where it would go (*found 0): ix_probe with its compare made by value,
- * inlined into admit()'s loop of a key run. */
-static inline __attribute__((always_inline)) size_t
-ix_probe_value(const StorageIndex *ix, Py_hash_t h, int64_t v, int *found)
-{
-    uint32_t tag = IX_TAG(h);
-    size_t i = (size_t)tag & ix->mask;
-    uint64_t s;
-    while ((s = ix->table[i]) != 0) {
-        if (IX_SLOT_TAG(s) == tag) {
-            const IxEntry *x = &ix->ent[IX_SLOT_E(s)];
-            if (x->hash == h && x->key == v) {
-                *found = 1;
-                return i;
-            }
-        }
-        i = (i + 1) & ix->mask;
-    }
-    *found = 0;
-    return i;
+    return ix_page_gone(ix, loc, emptied);
 }
 
 PyDoc_STRVAR(ix_admit_doc,
@@ -786,6 +812,169 @@ PyDoc_STRVAR(ix_admit_doc,
 /* How many keys ahead admit() prefetches the table slot of. */
 #define IX_PREFETCH 8
 
+/* The home slot of int64 key value `v` (the prefetches ahead of a key run's probes). */
+static inline size_t
+ix_home_v(const StorageIndex *ix, int64_t v)
+{
+    return IX_HOME(ix, IX_TAG(ix_hash_i64(v)));
+}
+
+/* admit()'s loop over an int64 key run into an index of int64 keys only (`obj` NULL) whose table
+ * holds every key of the call without a rehash: the engine's writes (issue 41's storage row:
+ * 2.0 M keys, 694k deletions on the whole conversation trace). Each key is touched, or entered
+ * after the oldest pages are deleted while the index is full, into a freed entry or the next
+ * unused one, as admit()'s generic loop does (the same entries, table slots, LRU order,
+ * deletions, pending entries and positions), with the index's fields in locals (an entry's
+ * store may alias them: each one was reloaded after every store), the probe compared by value,
+ * a found key that is already the newest left where it is, and the deletion of the oldest page
+ * (ix_delete_oldest + ix_remove) inlined: the victim is the list's head, and the empty slot a
+ * new key goes to is the first one from its home once the shifts are done (it is absent).
+ * Called first (no key entered yet: *nfresh_io 0, no pending entry), so the k-th new key's entry
+ * is the k-th pending one. Returns the position it stopped at: n, or the first key that needs
+ * the entries to grow
+ * (nothing of its own done yet but the deletions, which the generic loop would have made
+ * alike: it goes on from there), or -1 with an error set (the index consistent, as after the
+ * keys before it and the deletions made). */
+static Py_ssize_t
+ix_admit_run(StorageIndex *ix, const int64_t *v, Py_ssize_t n, Py_ssize_t capacity, int counted,
+             PyObject *deleted, PyObject *emptied, Py_ssize_t *pos, Py_ssize_t *nfresh_io,
+             Py_ssize_t *ndeleted_io, int *all_new_io)
+{
+    IxEntry *const ent = ix->ent;
+    uint64_t *const table = ix->table;
+    const size_t mask = ix->mask;
+    const unsigned shift = ix->shift;
+    const Py_ssize_t top_max = ix->ent_cap < IX_MAX_ENTRIES ? ix->ent_cap : IX_MAX_ENTRIES;
+    Py_ssize_t head = ix->head, tail = ix->tail, len = ix->len, free_head = ix->free_head, top = ix->ent_top;
+    Py_ssize_t nfresh = *nfresh_io, ndeleted = *ndeleted_io, i;
+    int all_new = *all_new_io, failed = 0;
+    for (i = 0; i < n; i++) {
+        const int64_t key = v[i];
+        const Py_hash_t h = ix_hash_i64(key);
+        const uint32_t tag = IX_TAG(h);
+        size_t at = (size_t)tag >> shift;
+        uint64_t s;
+        Py_ssize_t e;
+        IxEntry *x;
+        if (i + IX_PREFETCH < n) __builtin_prefetch(&table[(size_t)IX_TAG(ix_hash_i64(v[i + IX_PREFETCH])) >> shift]);
+        while ((s = table[at]) != 0) {
+            if (IX_SLOT_TAG(s) == tag) {
+                x = &ent[IX_SLOT_E(s)];
+                if (x->hash == h && x->key == key) break;
+            }
+            at = (at + 1) & mask;
+        }
+        if (s != 0) {  /* there: touched (the newest already: it stays) */
+            e = IX_SLOT_E(s);
+            if (all_new) {  /* the keys before it were all entered new, in order: their positions */
+                for (Py_ssize_t p = 0; p < nfresh; p++) pos[p] = p;
+                all_new = 0;
+            }
+            if (e != tail) {  /* (so it has a next, and the list a tail) */
+                x = &ent[e];
+                if (x->prev >= 0) ent[x->prev].next = x->next; else head = x->next;
+                ent[x->next].prev = x->prev;
+                x->prev = (int32_t)tail;
+                x->next = -1;
+                ent[tail].next = (int32_t)e;
+                tail = e;
+            }
+            continue;
+        }
+        if (len >= capacity) {
+            while (len >= capacity) {  /* the oldest page deleted (ix_delete_oldest) */
+                Py_ssize_t d = head, nx;
+                size_t j, k;
+                int64_t loc;
+                if (d < 0) {  /* OrderedDict.popitem on an empty index (capacity 0) */
+                    PyErr_SetString(PyExc_KeyError, "dictionary is empty");
+                    failed = 1;
+                    goto out;
+                }
+                x = &ent[d];
+                nx = x->next;
+                /* the next victim's entry was prefetched a deletion before: its table slot now,
+                 * and the entry of the victim after it */
+                if (nx >= 0) {
+                    __builtin_prefetch(&table[(size_t)IX_TAG(ent[nx].hash) >> shift]);
+                    if (ent[nx].next >= 0) __builtin_prefetch(&ent[ent[nx].next]);
+                }
+                loc = x->loc;
+                if (!counted) {  /* the deleted key handed back: made an object only here */
+                    PyObject *old = PyLong_FromLongLong(x->key);
+                    if (old == NULL || PyList_Append(deleted, old) < 0) {
+                        Py_XDECREF(old);
+                        failed = 1;
+                        goto out;
+                    }
+                    Py_DECREF(old);
+                }
+                /* ix_remove: its slot emptied by backward shift */
+                j = (size_t)IX_TAG(x->hash) >> shift;
+                while (IX_SLOT_E(table[j]) != d) j = (j + 1) & mask;
+                table[j] = 0;
+                for (k = (j + 1) & mask; (s = table[k]) != 0; k = (k + 1) & mask) {
+                    size_t home = (size_t)IX_SLOT_TAG(s) >> shift;
+                    if (((k - home) & mask) >= ((k - j) & mask)) {
+                        table[j] = s;
+                        table[k] = 0;
+                        j = k;
+                    }
+                }
+                head = nx;
+                if (nx >= 0) ent[nx].prev = -1; else tail = -1;
+                x->hash = -1;
+                x->next = (int32_t)free_head;
+                free_head = d;
+                len--;
+                ndeleted++;
+                if (ix_page_gone(ix, loc, emptied) < 0) {
+                    failed = 1;
+                    goto out;
+                }
+            }
+            at = (size_t)tag >> shift;  /* the table shifted: the first empty slot from home */
+            while (table[at] != 0) at = (at + 1) & mask;
+        }
+        if (free_head >= 0) {
+            e = free_head;
+            free_head = ent[e].next;
+        } else if (top < top_max) {
+            e = top++;
+            if (e % IX_CHUNK_ENTRIES == 0 && ix->populating) ix_populate_used(ix, top);
+        } else {
+            break;  /* the entries grow: ix_insert's, in the generic loop */
+        }
+        x = &ent[e];
+        x->key = key;
+        x->hash = h;
+        x->loc = -1;
+        x->prev = (int32_t)tail;
+        x->next = -1;
+        table[at] = IX_SLOT(e, h);
+        if (tail >= 0) ent[tail].next = (int32_t)e; else head = e;
+        tail = e;
+        len++;
+        if (nfresh < IX_PENDING) ix->pending[nfresh] = e;  /* (the k-th pending entry is the k-th new one) */
+        if (!all_new) pos[nfresh] = i;  /* (while all are new, position k is the k-th: made if needed) */
+        nfresh++;
+    }
+    if (all_new && i < n) {  /* the generic loop goes on: its positions are written */
+        for (Py_ssize_t p = 0; p < nfresh; p++) pos[p] = p;
+    }
+out:
+    ix->head = head;
+    ix->tail = tail;
+    ix->len = len;
+    ix->free_head = free_head;
+    ix->ent_top = top;
+    ix->pending_n = nfresh < IX_PENDING ? nfresh : IX_PENDING;
+    *nfresh_io = nfresh;
+    *ndeleted_io = ndeleted;
+    *all_new_io = all_new;
+    return failed ? -1 : i;
+}
+
 /* admit() of keys loaded by the caller (who releases them): 0 with *deleted_out (a count when
  * `counted`, else the list), *fresh_out and *emptied_out made (new references), or -1 with an
  * error set and nothing made. */
@@ -796,83 +985,49 @@ ix_admit_keys(StorageIndex *ix, IxKeys *kp, Py_ssize_t capacity, int counted,
     PyObject *deleted = NULL, *fresh = NULL, *emptied = NULL;
     IxKeys keys = *kp;
     Py_ssize_t n, i, nfresh = 0, ndeleted = 0;
+    /* a list's keys loaded up front (each checked before anything changes); a run's are read
+     * in place as they come (an int64 value cannot fail to load) */
     IxKey small_ks[SMALL_LIST], *ks = small_ks;
     Py_ssize_t small_pos[SMALL_LIST], *pos = small_pos;  /* the positions entered new, in order */
+    const int64_t *rv = keys.list == NULL ? keys.v : NULL;
     int all_new;
     n = keys.n;
     all_new = n <= capacity;
     if (n > SMALL_LIST) {
-        ks = PyMem_Malloc((size_t)n * sizeof *ks);
+        ks = rv == NULL ? PyMem_Malloc((size_t)n * sizeof *ks) : NULL;
         pos = PyMem_Malloc((size_t)n * sizeof *pos);
-        if (ks == NULL || pos == NULL) {
+        if ((ks == NULL && rv == NULL) || pos == NULL) {
             PyErr_NoMemory();
             goto fail;
         }
     }
-    for (i = 0; i < n; i++) {  /* every key checked before anything changes */
-        if (ix_keys_at(&keys, i, &ks[i]) < 0) goto fail;
+    if (rv == NULL) {
+        for (i = 0; i < n; i++) {  /* every key checked before anything changes */
+            if (ix_keys_at(&keys, i, &ks[i]) < 0) goto fail;
+        }
     }
-    for (i = 0; i < n && i < IX_PREFETCH; i++) __builtin_prefetch(&ix->table[(size_t)IX_TAG(ks[i].hash) & ix->mask]);
+    for (i = 0; i < n && i < IX_PREFETCH; i++) {
+        __builtin_prefetch(&ix->table[rv != NULL ? ix_home_v(ix, rv[i]) : IX_HOME(ix, IX_TAG(ks[i].hash))]);
+    }
     ix->pending_n = ix->pending_at = 0;
     if ((!counted && (deleted = PyList_New(0)) == NULL) || (emptied = PyList_New(0)) == NULL) {
         goto fail;
     }
     i = 0;
-    if (keys.list == NULL && ix->obj == NULL && (size_t)(ix->len + n) * 2 <= ix->mask + 1) {
-        /* The engine's writes (issue 41's storage row: ~770k keys on conversation[:4000]): an
-         * int64 run into an index of int64 keys only, whose table holds every key of the call
-         * without a rehash. Each key is touched, or entered after the oldest pages are deleted
-         * while the index is full, into a freed entry or the next unused one, as the loop
-         * below does (the same entries, table slots, LRU order, deletions, pending entries and
-         * positions), its probe inlined and compared by value. A key that needs the entries to
-         * grow goes on in the loop below from there (nothing of its own done yet but the
-         * deletions, which that loop would have made alike). */
-        for (; i < n; i++) {
-            Py_hash_t h = ks[i].hash;
-            int64_t v = ks[i].v;
-            int found;
-            size_t at;
-            Py_ssize_t e;
-            if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[(size_t)IX_TAG(ks[i + IX_PREFETCH].hash) & ix->mask]);
-            at = ix_probe_value(ix, h, v, &found);
-            if (found) {
-                e = IX_SLOT_E(ix->table[at]);
-                ix_unlink(ix, e);
-                ix_push_newest(ix, e);
-                all_new = 0;
-                continue;
-            }
-            if (ix->len >= capacity) {
-                while (ix->len >= capacity) {
-                    if (ix_delete_oldest(ix, counted, deleted, emptied) < 0) goto fail;
-                    ndeleted++;
-                }
-                at = ix_probe_value(ix, h, v, &found);  /* the table shifted */
-            }
-            if (ix->free_head >= 0) {
-                e = ix->free_head;
-                ix->free_head = ix->ent[e].next;
-            } else if (ix->ent_top < ix->ent_cap && ix->ent_top < IX_MAX_ENTRIES) {
-                e = ix->ent_top++;
-                if (ix->populating && e % IX_CHUNK_ENTRIES == 0) ix_populate_used(ix, ix->ent_top);
-            } else {
-                break;  /* the entries grow: ix_insert's, below */
-            }
-            ix->ent[e].key = v;
-            ix->ent[e].hash = h;
-            ix->ent[e].loc = -1;
-            ix->table[at] = IX_SLOT(e, h);
-            ix_push_newest(ix, e);
-            ix->len++;
-            if (ix->pending_n < IX_PENDING) ix->pending[ix->pending_n++] = e;
-            pos[nfresh++] = i;
-        }
+    if (rv != NULL && ix->obj == NULL && (size_t)(ix->len + n) * 2 <= ix->mask + 1) {
+        i = ix_admit_run(ix, rv, n, capacity, counted, deleted, emptied, pos, &nfresh, &ndeleted, &all_new);
+        if (i < 0) goto fail;
     }
     for (; i < n; i++) {
-        const IxKey *k = &ks[i];
+        IxKey kv;
+        const IxKey *k = &kv;
         int found;
         size_t at;
-        if (i + IX_PREFETCH < n) __builtin_prefetch(&ix->table[(size_t)IX_TAG(ks[i + IX_PREFETCH].hash) & ix->mask]);
+        if (rv != NULL) ix_key_v(&kv, rv[i]); else k = &ks[i];
+        if (i + IX_PREFETCH < n) {
+            __builtin_prefetch(&ix->table[rv != NULL ? ix_home_v(ix, rv[i + IX_PREFETCH])
+                                                     : IX_HOME(ix, IX_TAG(ks[i + IX_PREFETCH].hash))]);
+        }
         at = ix_probe(ix, k, &found);
         if (found) {
             Py_ssize_t e = IX_SLOT_E(ix->table[at]);
@@ -910,7 +1065,10 @@ ix_admit_keys(StorageIndex *ix, IxKeys *kp, Py_ssize_t capacity, int counted,
             goto fail;
         }
         for (i = nfresh - 1; i >= 0; i--) {
-            Py_ssize_t e = ix_find(ix, &ks[pos[i]]);
+            IxKey kv;
+            Py_ssize_t e;
+            if (rv != NULL) ix_key_v(&kv, rv[pos[i]]);
+            e = ix_find(ix, rv != NULL ? &kv : &ks[pos[i]]);
             if (e >= 0 && ix->ent[e].loc == -1) {
                 ix->ent[e].loc = -2;
                 marked[nmarked++] = e;
@@ -1292,7 +1450,7 @@ ix_loc_runs(StorageIndex *ix, PyObject *arg)
         Py_ssize_t e;
         int64_t loc;
         if (keys.v != NULL && i + IX_PREFETCH < keys.n) {
-            __builtin_prefetch(&ix->table[(size_t)IX_TAG(ix_hash_i64(keys.v[i + IX_PREFETCH])) & ix->mask]);
+            __builtin_prefetch(&ix->table[IX_HOME(ix, IX_TAG(ix_hash_i64(keys.v[i + IX_PREFETCH])))]);
         }
         if (ix_keys_at(&keys, i, &k) < 0) goto done;
         if ((e = ix_find(ix, &k)) < 0) {
@@ -1341,8 +1499,10 @@ ix_touch_all(StorageIndex *ix, PyObject *arg)
             ix_keys_release(&keys);
             return NULL;
         }
-        ix_unlink(ix, e);
-        ix_push_newest(ix, e);
+        if (e != ix->tail) {  /* (the newest already: it stays) */
+            ix_unlink(ix, e);
+            ix_push_newest(ix, e);
+        }
     }
     ix_keys_release(&keys);
     Py_RETURN_NONE;
@@ -1371,6 +1531,15 @@ ix_run(StorageIndex *ix, PyObject *const *args, Py_ssize_t nargs)
     keys.list = NULL;
     keys.buf.obj = NULL;
     if (!run_items(args[0], &keys.v, &keys.n) && !ix_keys_load(args[0], &keys)) return NULL;
+    if (keys.list == NULL && ix->obj == NULL) {  /* the engine's: its run probed by value */
+        for (i = start; i < keys.n; i++) {
+            int found;
+            (void)ix_probe_value(ix, ix_hash_i64(keys.v[i]), keys.v[i], &found);
+            if (!found) break;
+        }
+        ix_keys_release(&keys);
+        return PyLong_FromSsize_t(i - start > 0 ? i - start : 0);
+    }
     for (i = start; i < keys.n; i++) {
         IxKey k;
         if (ix_keys_at(&keys, i, &k) < 0) {
