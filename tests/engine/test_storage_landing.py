@@ -126,3 +126,34 @@ def test_a_split_node_lands_its_upper_parts_and_an_unsplit_one_alone(tmp_path):
     assert [k in ctrl.storage for k in (700, 702, 703, 704)] == [False, False, True, True]
     assert [t.pages for t in engine.probe.transfers] == [2, 4, 2]
     ctrl.storage.flush()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chains=st.lists(st.tuples(st.lists(st.integers(1, 6), min_size=1, max_size=4), st.floats(0, 1)),
+                       min_size=1, max_size=4),
+       owner_pass=st.integers(0, 9))
+def test_a_copys_ack_queues_a_storage_write_a_part_it_covered(tmp_path_factory, chains, owner_pass):
+    """The write-through copy's ack (`_ack_backups_to_storage`, one batch of nodes): every
+    node's lock dropped first, then one storage write queued a part the walk names (the node
+    alone where it was not split while its copy was in flight), root side first, node after
+    node, each part's host copy protected until its write's drain, its release pass two
+    passes on."""
+    from types import SimpleNamespace
+
+    engine = helpers.storage_engine(tmp_path_factory.mktemp("ack"))
+    ctrl, tree = engine.ctrl, engine.scheduler.tree
+    ctrl.pass_owner = SimpleNamespace(prefetch_pass=owner_pass)
+    acked, want = [], []
+    for i, (lengths, pages_at) in enumerate(chains):
+        node = _chain(engine, lengths, 100_000 * (i + 1))[-1]
+        pages = max(1, round(pages_at * sum(lengths)))
+        tree.inc_lock(node)  # the copy's lock (backup)
+        acked.append((node, f"c{i}", pages))
+        want += [(p, f"c{i}", owner_pass + 2, len(p.keys)) for p in _expected_parts(node, pages, tree.root)]
+    ctrl.backups_in_flight = len(acked)
+    ctrl._ack_backups_to_storage(acked)
+    assert ctrl.backups_in_flight == 0
+    assert all(node.lock_ref == 0 for node, _, _ in acked)
+    got = [(w.node, w.cause, w.release_pass, w.pages) for w in ctrl.storage_writes]
+    assert got == want
+    assert all(w.node.host_ref == 1 and w.start == -1 and not w.landed for w in ctrl.storage_writes)

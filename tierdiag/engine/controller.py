@@ -670,18 +670,25 @@ class CacheController:
         for entry in queue:
             self._write_storage(entry[0], entry[1], t)
 
-    def _ack_backups_to_storage(self, acked: list[tuple]) -> None:
+    def _ack_backups_to_storage(self, acked: list[tuple[TreeNode, str | None, int]]) -> None:
         """The copy's ack (`writing_check` -> `_finish_write_through_ack`), and each node's
         storage write started (`write_backup_storage`). A node split while its copy was in flight
         (a match ending inside it) is now the lower part, its upper part a new parent: SGLang
         moves the pending backup to both (`UpdatePendingBackupOnNodeSplit` ->
         `_replace_pending_write_through_node`: publish [upper, lower]) and writes each to storage,
         so every part the copy covered is written, root side first."""
-        self._ack_backups([node for node, _, _ in acked])
+        # (`_ack_backups` of the batch's nodes, without their list: every lock dropped before
+        # any storage write is queued, as there)
+        self.backups_in_flight -= len(acked)
+        for entry in acked:
+            self.tree.dec_lock(entry[0])
         # the pass count read once for the batch (the owner's field is a generic read from
         # here, ~1.6 parts an ack): no part's storage write moves it
         now_pass = self.pass_now()
         for node, cause, pages in acked:
+            if len(node.keys) >= pages:  # not split while its copy was in flight: `_parts`' [node]
+                self._storage_after_ack(node, cause, 2, now_pass)
+                continue
             for part in self._parts(node, pages):
                 self._storage_after_ack(part, cause, 2, now_pass)
 
