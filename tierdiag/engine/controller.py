@@ -249,6 +249,7 @@ class CacheController:
         # two to four; issue 41, session 26)
         self._device_rows: Any = device.rows
         self._host_rows: Any = host.rows
+        self._host_array: Any = host.array  # (a storage write's source: read at each of ~28k landings)
         self._device_layers: Any = device.num_layers
         self._device_elems: Any = device.page_elems
         self.h2d_free_ns = 0
@@ -669,18 +670,25 @@ class CacheController:
         for entry in queue:
             self._write_storage(entry[0], entry[1], t)
 
-    def _ack_backups_to_storage(self, acked: list[tuple]) -> None:
+    def _ack_backups_to_storage(self, acked: list[tuple[TreeNode, str | None, int]]) -> None:
         """The copy's ack (`writing_check` -> `_finish_write_through_ack`), and each node's
         storage write started (`write_backup_storage`). A node split while its copy was in flight
         (a match ending inside it) is now the lower part, its upper part a new parent: SGLang
         moves the pending backup to both (`UpdatePendingBackupOnNodeSplit` ->
         `_replace_pending_write_through_node`: publish [upper, lower]) and writes each to storage,
         so every part the copy covered is written, root side first."""
-        self._ack_backups([node for node, _, _ in acked])
+        # (`_ack_backups` of the batch's nodes, without their list: every lock dropped before
+        # any storage write is queued, as there)
+        self.backups_in_flight -= len(acked)
+        for entry in acked:
+            self.tree.dec_lock(entry[0])
         # the pass count read once for the batch (the owner's field is a generic read from
         # here, ~1.6 parts an ack): no part's storage write moves it
         now_pass = self.pass_now()
         for node, cause, pages in acked:
+            if len(node.keys) >= pages:  # not split while its copy was in flight: `_parts`' [node]
+                self._storage_after_ack(node, cause, 2, now_pass)
+                continue
             for part in self._parts(node, pages):
                 self._storage_after_ack(part, cause, 2, now_pass)
 
@@ -784,6 +792,12 @@ class CacheController:
     def _land(self, node: TreeNode, cause: str | None, pages: int, start: int, end: int, now_ns: int) -> None:
         # what was written is the host copy as the ack found it (`write_backup_storage` takes the
         # node's host value then); a match may have split the node since: write each part
+        if len(node.keys) >= pages:
+            # not split since (nearly every landing): the node alone, what `_parts` answers then,
+            # without its list
+            if node.host is not None and node.parent is not None:
+                self._write_storage(node, cause, now_ns, start, end)
+            return
         for part in self._parts(node, pages):
             # a part dropped from the tree since (its host slots freed, maybe reused) is not
             # written: only a rule set with `write_back_drop_spares_pinned` switched back drops a
@@ -856,7 +870,8 @@ class CacheController:
                        end: int = -1) -> None:
         """Write the node's host copy into the tier: on the tier's link from `now_ns`, or (0.5.23,
         start_storage_writes) timed already, from `start` to `end`."""
-        if self.storage is None:
+        storage = self.storage
+        if storage is None:
             return
         # a page key names its whole prefix: the tier's key as it is; the node's key run as it is (the
         # index reads its int64 values in place: no int object a key, no list a write)
@@ -864,10 +879,8 @@ class CacheController:
         # Straight from the host slots into one append (no per-page work): the bytes on disk are
         # the host copy's, which a later prefetch reads back and a load-back verifies.
         # (the node's slot run as it is: an array('q') goes to pwrite_rows as a buffer)
-        deleted = self.storage.write_from(self.host.array, node.host, keys, rows=self.host.rows)  # a count
+        deleted = storage.write_from(self._host_array, node.host, keys, rows=self._host_rows)  # a count
         pages = len(keys)
-        dp_bytes = pages * self.dp_page_bytes
-        storage = self.storage
         if start < 0:
             start = max(now_ns, storage.free_ns)
             end = start + self.cost.storage_ns(pages * self.page_bytes)
@@ -876,7 +889,7 @@ class CacheController:
             self.stats.count_evictions(_STORAGE_DELETE, deleted)
         if self.emit.transfer is not None:
             self._transfer_row(start, end, TransferKind.STORAGE_WRITE, cause, pages, 1,
-                               pages * self.page_bytes, dp_bytes, max(0, start - now_ns), 0, None)
+                               pages * self.page_bytes, pages * self.dp_page_bytes, max(0, start - now_ns), 0, None)
 
     # --- host -> device ------------------------------------------------------------------
     def load_back(self, nodes: tuple[TreeNode, ...], slots: Any, req_id: str, now_ns: int,

@@ -58,6 +58,7 @@ INDEX_RESERVE_MAX: Final = 1 << 21  # the most pages the index makes room for up
 WRITER_MAX_PENDING = 16 << 20
 WRITER_WAKE_BYTES = 1 << 20
 _SLOT_BITS: Final = 32  # a page's location in the index: segment number << 32 | slot in the segment
+_ARRAY: Final = array  # (compiled, a Final name is a static, not a look-up in the module's dict a call)
 
 
 class _Segment:
@@ -366,7 +367,7 @@ class StorageTier:
         or a CPU tensor) under `keys`: one gather into page-major rows, one append. Returns how
         many keys were deleted to make room (`write` returns them; the engine only counts). `rows`: the pool's row view when the caller keeps one (the
         engine's host pool), instead of making it again."""
-        if rows is not None and _pwrite_rows is not None and (type(slots) is array or type(slots) is list):
+        if rows is not None and _pwrite_rows is not None and (type(slots) is _ARRAY or type(slots) is list):
             # The engine's host pool (its row view kept): one C call a segment, no closure, and
             # the pool's geometry checked once for this row view, not at every write (~28k writes
             # a whole-trace storage replay: issue 41's storage row). The slots as the pool hands
@@ -375,6 +376,11 @@ class StorageTier:
             if rows is not self._rows_seen:
                 self._set_shape((pool.shape[0], pool.shape[2]))
                 self._rows_seen = rows
+            seg = self._active
+            if seg is not None and self._admit_write is not None:
+                # the engine's landing write (~28k a whole-trace storage replay): `_write`'s first
+                # branch called straight, its keys as they come where they are a key run
+                return self._admit_write_rows(keys if type(keys) is _ARRAY else _key_seq(keys), rows, slots, seg)
             return self._write(keys, None, (0, 0), rows, slots, True)
         return self._write_gathered(pool, slots, keys, rows)
 
@@ -418,44 +424,52 @@ class StorageTier:
         keys = _key_seq(keys)
         seg = self._active
         if gather is None and self._admit_write is not None and seg is not None and counted:
-            # The engine's page write (issue 41's storage row: ~28k a whole-trace replay): the
-            # compiled index admits, queues the page write on the writer's thread and places
-            # the keys in one call where the keys it enters new (all of them, or some beside
-            # keys there before: a mixed write, ~9 % of them) fit the active segment (as
-            # `_next_run` would put them: the same segment, slot and offset); otherwise it only
-            # admits, and the write goes on below as after `admit`.
-            first = seg.pages
-            try:
-                wrote: tuple[Any, Any, list[int], int] = self._admit_write(
-                    keys, self.capacity, self._writer, seg.fd, first * self.page_bytes, layer_rows, slots,
-                    seg.number, first, self._segment_pages - first)
-            except OSError:
-                # an earlier write's failure (put queued nothing; the keys' placeholders dropped)
-                self._write_failed(self._writer.failure())
-                raise  # (_write_failed always raises)
-            deleted, fresh, emptied, written = wrote
-            if emptied:
-                segments = self._segments
-                self._emptied.extend(segments[n] for n in emptied)
-            if written >= 0:
-                # all new (fresh None): every key's page; a mixed write (some keys there before,
-                # no more keys than the capacity): the pages of the positions `fresh` names,
-                # written and placed by the same call as the all-new ones
-                count = len(keys) if fresh is None else len(fresh)
-                seg.pages += count
-                self._disk_pages += count
-                self.bytes_written += count * self.page_bytes
-                if deleted or fresh is not None:
-                    self._collect()
-                return deleted
-        else:
-            # (a tuple as typed: unpacked by its items, where the index's untyped answer was a
-            # generic iteration a write)
-            admitted: tuple[Any, Any, list[int]] = self._index.admit(keys, self.capacity, counted)
-            deleted, fresh, emptied = admitted
-            if emptied:
-                segments = self._segments
-                self._emptied.extend(segments[n] for n in emptied)
+            return self._admit_write_rows(keys, layer_rows, slots, seg)
+        # (a tuple as typed: unpacked by its items, where the index's untyped answer was a
+        # generic iteration a write)
+        admitted: tuple[Any, Any, list[int]] = self._index.admit(keys, self.capacity, counted)
+        deleted, fresh, emptied = admitted
+        if emptied:
+            segments = self._segments
+            self._emptied.extend(segments[n] for n in emptied)
+        return self._after_admit(keys, gather, layer_rows, slots, deleted, fresh)
+
+    def _admit_write_rows(self, keys: Any, layer_rows: Any, slots: Any, seg: _Segment) -> Any:
+        """The engine's page write (issue 41's storage row: ~28k a whole-trace replay): the
+        compiled index admits, queues the page write on the writer's thread and places the keys
+        in one call where the keys it enters new (all of them, or some beside keys there before:
+        a mixed write, ~9 % of them) fit the active segment `seg` (as `_next_run` would put them:
+        the same segment, slot and offset); otherwise it only admits, and the write goes on as
+        after `admit` (`_after_admit`). `keys` as `_key_seq` gives them."""
+        first = seg.pages
+        try:
+            wrote: tuple[Any, Any, list[int], int] = self._admit_write(
+                keys, self.capacity, self._writer, seg.fd, first * self.page_bytes, layer_rows, slots,
+                seg.number, first, self._segment_pages - first)
+        except OSError:
+            # an earlier write's failure (put queued nothing; the keys' placeholders dropped)
+            self._write_failed(self._writer.failure())
+            raise  # (_write_failed always raises)
+        deleted, fresh, emptied, written = wrote
+        if emptied:
+            segments = self._segments
+            self._emptied.extend(segments[n] for n in emptied)
+        if written < 0:
+            return self._after_admit(keys, None, layer_rows, slots, deleted, fresh)
+        # all new (fresh None): every key's page; a mixed write (some keys there before, no more
+        # keys than the capacity): the pages of the positions `fresh` names, written and placed
+        # by the same call as the all-new ones
+        count = len(keys) if fresh is None else len(fresh)
+        seg.pages += count
+        self._disk_pages += count
+        self.bytes_written += count * self.page_bytes
+        if deleted or fresh is not None:
+            self._collect()
+        return deleted
+
+    def _after_admit(self, keys: Any, gather, layer_rows: Any, slots: Any, deleted: Any, fresh: Any) -> Any:
+        """`_write` after the index's admit (`deleted`, `fresh`): the pages it wants written
+        appended and placed, then what the deletions emptied unlinked."""
         if fresh is None:  # all new, in order: one gather of every slot
             if layer_rows is not None and slots is not None:
                 self._place_rows(keys, layer_rows, slots)
@@ -616,18 +630,25 @@ class StorageTier:
         """Unlink segments without a live page. Then, while the files hold more than about twice
         the live pages, compact the sparsest segment. Deletion is LRU and writes append, so the
         oldest segments mostly empty on their own; only pages kept alive by hits get copied."""
-        live = self._index.live
         if self._emptied:
+            live = self._index.live
             for seg in self._emptied:
                 if seg is not self._active and not live(seg.number) and seg.number in self._segments:
                     self._unlink(seg)
             self._emptied = [s for s in self._emptied if s.number in self._segments and not live(s.number)]
         slack = 2 * self._segment_pages
         while self._disk_pages > 2 * len(self._index) + slack:
-            seg = min((s for s in self._segments.values() if s is not self._active),
-                      key=lambda s: live(s.number) / s.pages)
-            self._compact(seg)
-            self._unlink(seg)
+            self._compact_sparsest()
+
+    def _compact_sparsest(self) -> None:
+        """`_collect`'s compaction of the sparsest segment but the active one. A method of its
+        own: its lambda made `_collect` build an environment object at every call (~17k a
+        whole-trace storage replay), compaction or not."""
+        live = self._index.live
+        seg = min((s for s in self._segments.values() if s is not self._active),
+                  key=lambda s: live(s.number) / s.pages)
+        self._compact(seg)
+        self._unlink(seg)
 
     def _compact(self, seg: _Segment) -> None:
         """Move the live pages of `seg` to the end of the files (the caller unlinks it). A
