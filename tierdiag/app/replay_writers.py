@@ -200,8 +200,9 @@ def writer_ahead(db: Path | None):
                     ahead.clear()
         yield ahead[0] if ahead else None
     finally:
-        for recording in ahead:
-            recording.let_go()
+        with signals.deferred():  # a second signal does not cut the reap short (a process left)
+            for recording in ahead:
+                recording.let_go()
 
 
 def for_mode(mode: str | None) -> Unrecorded:
