@@ -277,8 +277,7 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
            skip_bad: bool, command_line: list[str] | None = None,
            progress: Callable[[int, int, object], None] | None = None,
            process_ends: bool = False,
-           leave_stopped_again: Callable[[ReplayInterrupted], None] | None = None,
-           recording=None) -> ReplayResult:
+           leave_stopped_again: Callable[[ReplayInterrupted], None] | None = None) -> ReplayResult:
     # Fewer collector passes over the whole replay, the closing flush and summary included: the
     # recorder's last ~10^5 buffered events and the tree are live objects that a default-
     # threshold pass right after the engine rescans (0.1-0.3 s on the conversation trace).
@@ -288,15 +287,12 @@ def replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | N
     # a caller whose process may end inside the close (the CLI) says there what the run kept and
     # ends it, when a second signal comes while an inline writer computes an interrupted run's
     # evidence (app/replay_writers.py `InlineWriter._close_hooks`); it must not return.
-    # `recording`: a writer process the caller started ahead of this call (app/replay_writers.py
-    # `writer_ahead`, for a replay into `db` with probes), or None: chosen and started here.
     closed: list = []  # the writer, once the run is closed (_replay appends it)
     try:
         with _fewer_gc_passes(process_ends), contextlib.ExitStack() as cleanup:
             return _replay(trace, cfg, db=db, run_name=run_name, probes=probes, skip_bad=skip_bad,
                            command_line=command_line, progress=progress, cleanup=cleanup, closed=closed,
-                           reap_at_exit=process_ends, leave_stopped_again=leave_stopped_again,
-                           recording=recording)
+                           reap_at_exit=process_ends, leave_stopped_again=leave_stopped_again)
     except KeyboardInterrupt as exc:
         if isinstance(exc, ReplayInterrupted) or not closed:
             raise
@@ -311,23 +307,18 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
             skip_bad: bool, command_line: list[str] | None,
             progress: Callable[[int, int, object], None] | None, cleanup: contextlib.ExitStack,
             closed: list, reap_at_exit: bool = False,
-            leave_stopped_again: Callable[[ReplayInterrupted], None] | None = None,
-            recording=None) -> ReplayResult:
+            leave_stopped_again: Callable[[ReplayInterrupted], None] | None = None) -> ReplayResult:
     from tierdiag.app.replay_writers import for_mode
 
     t0 = time.perf_counter()
     single_threaded_blas()  # before the writer process starts and numpy loads (the engine's import)
     flush_every_s = _flush_every_s()
-    ahead = recording is not None and db is not None and probes
-    if ahead:
-        recording = recording.start(cleanup)  # started by the caller: reaped here from now
-    else:
-        mode = None
-        if db is not None and probes:  # nothing recorded: the writer's modules (subprocess...) not loaded
-            from tierdiag.store.writer_process import writer_mode
+    mode = None
+    if db is not None and probes:  # nothing recorded: the writer's modules (subprocess...) not loaded
+        from tierdiag.store.writer_process import writer_mode
 
-            mode = writer_mode()
-        recording = for_mode(mode)
+        mode = writer_mode()
+    recording = for_mode(mode)
     # cfg.time_scale is inside its declared bounds (config/engine.py): an EngineConfig is never outside them.
     report = ReadReport()
     requests = _scaled_arrivals(read_trace(trace, block_size=cfg.block_size, skip_bad=skip_bad, report=report),
@@ -336,8 +327,7 @@ def _replay(trace: Path, cfg: EngineConfig, *, db: Path | None, run_name: str | 
     # its first line fails here, before a run (or the database file) exists, and before torch.
     first = next(requests)
     requests = itertools.chain([first], requests)
-    if not ahead:
-        recording = recording.start(cleanup)  # a writer process starts now, beside the engine's import
+    recording = recording.start(cleanup)  # a writer process starts now, beside the engine's import
     if leave_stopped_again is not None:
         def stopped_again() -> None:
             writer = recording.writer

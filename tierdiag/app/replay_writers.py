@@ -124,33 +124,19 @@ class WriterInProcess(InlineWriter):
     and imports (duckdb, pyarrow) overlap the engine's; it runs the close hook itself (writer_child)."""
 
     kind = "process"
-    process = None  # the WriterProcess, once spawned
 
-    def spawn(self) -> bool:
-        """Start the writer process now (it touches no store until `open` tells it to open one);
-        whether one could be had (out of processes or memory: none)."""
+    def start(self, cleanup: contextlib.ExitStack) -> Unrecorded:
         from tierdiag.app import writer_child
         from tierdiag.store.writer_process import WriterProcess
 
+        # It touches no store until `open` tells it to open one.
         with signals.deferred():
             try:
                 self.process = WriterProcess.start(entry=writer_child.ENTRY)
-            except OSError:
-                return False
-        return True
-
-    def start(self, cleanup: contextlib.ExitStack) -> Unrecorded:
-        # Spawned already where the caller started it ahead of the replay (`writer_ahead`).
-        if self.process is None and not self.spawn():
-            return InlineWriter()  # no process to be had: write inline
+            except OSError:  # no process to be had (out of processes or memory): write inline
+                return InlineWriter()
         cleanup.callback(self.process.close)
         return self
-
-    def let_go(self) -> None:
-        """Reap the process (a no-op once the replay has): one never asked to open a store is
-        ended at once (WriterProcess.close)."""
-        if self.process is not None:
-            self.process.close()
 
     def open(self, db: Path, run: dict, *, flush_every_s: float) -> None:
         from tierdiag.probes.recorder import Recorder
@@ -170,39 +156,6 @@ class WriterInProcess(InlineWriter):
         # checkpoint and let-go (~20 ms on the conversation trace) and its exit (~17 ms; issue 41),
         # waited for at this process's exit where that comes right after the result is printed.
         self.process.close(wait=not reap_at_exit)
-
-
-@contextlib.contextmanager
-def writer_ahead(db: Path | None):
-    """A writer process started now, ahead of a replay into `db` (None: nothing recorded, nothing
-    started) that the caller will hand it to (`replay(..., recording=)`): its interpreter and
-    imports (duckdb, pyarrow, the close's modules) overlap the caller's own imports, options,
-    config and first trace line, which came before its spawn (~0.3 s of the CLI's start). It
-    touches no store until the replay tells it the run is real (`open`); where the caller fails
-    first (a bad option, config or trace, a signal), it is ended at the block's exit, never asked
-    to open anything. Yields None where the mode (store.writer_process.writer_mode) is not
-    `process`, or is refused (the replay then says why), or no process can be had: the replay
-    decides then, as without this."""
-    from tierdiag.errors import ConfigError
-
-    ahead: list[WriterInProcess] = []
-    try:
-        if db is not None:
-            from tierdiag.store.writer_process import writer_mode
-
-            try:
-                mode = writer_mode()
-            except ConfigError:
-                mode = None  # the replay's own call says so, in its order of checks
-            if mode == "process":
-                ahead.append(WriterInProcess())
-                if not ahead[0].spawn():
-                    ahead.clear()
-        yield ahead[0] if ahead else None
-    finally:
-        with signals.deferred():  # a second signal does not cut the reap short (a process left)
-            for recording in ahead:
-                recording.let_go()
 
 
 def for_mode(mode: str | None) -> Unrecorded:

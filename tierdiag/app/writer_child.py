@@ -25,17 +25,6 @@ def main() -> None:
     dataclass_code.install(table="writer")
     from tierdiag.diagnose.run import close
     from tierdiag.store import writer_serve
-    # What the store's open needs (the writer, pyarrow: ~85 ms of CPU) and the close's preloads,
-    # imported before the first message rather than after "open": a replay started from the CLI
-    # spawns this process ahead of its own checks and first trace line (app/replay_writers.py
-    # `writer_ahead`), so this runs while the engine's process is still starting, not between
-    # the store's open and the first rows taken.
-    import importlib
-
-    import tierdiag.store.writer  # noqa: F401
-
-    for name in close.PRELOAD:
-        importlib.import_module(name)
 
     def after_commit(con, db_path, run_id: str, status: str):
         try:

@@ -138,92 +138,83 @@ def replay(
     # Whatever happens below is closed by the time the command returns (the run, its writer
     # process, the storage tier's files): the process then skips freeing the engine's objects.
     from tierdiag.app.replay import single_threaded_blas, twin_dp
-    from tierdiag.app.replay_writers import writer_ahead
     from tierdiag.cli.exits import leave_without_teardown, process_ends_after, process_ends_unfreed
 
     leave_without_teardown()
     single_threaded_blas()  # before anything loads numpy (its BLAS threads would spin): app/replay.py
-    # The writer process starts now, ahead of the options' checks, the config and the trace's first
-    # line (~0.3 s before the replay would start it): its interpreter and imports run beside them,
-    # and it opens the store only once the replay has read the first request (app/replay_writers.py
-    # `writer_ahead`: ended at this block's exit where anything fails first, never asked to open
-    # anything). Not for --no-probes, nor --sglang OLD,NEW (a sweep's workers write its runs).
-    upgrade = sglang is not None and "," in sglang
-    with writer_ahead(None if no_probes or upgrade else db) as ahead:
-        # A twin of an observed run replays on as many ranks as the server had, unless told.
-        ranks = twin_dp(None if no_probes else db, trace) if dp is None else None
-        # --sglang OLD,NEW (cli/upgrade.py): the options are checked under NEW here, under OLD by its plan.
-        releases = upgrade_releases(sglang, jobs=jobs, no_probes=no_probes)
-        if len(releases) == 2:
-            sglang = releases[1]
-        cfg = load_config(config, {
-            "model": model, "gpu": gpu, "device_tokens": device_tokens, "host_tokens": host_tokens,
-            "storage_tokens": storage_tokens, "storage_dir": str(storage_dir) if storage_dir else None,
-            "page_size": page_size, "block_size": block_size,
-            "write_policy": write_policy, "eviction_policy": eviction_policy, "tlru_threshold": tlru_threshold,
-            "tlru_next_prompt_estimate": tlru_next_prompt_estimate,
-            "load_back_threshold": load_back_threshold, "prefetch_policy": prefetch_policy,
-            "schedule_policy": schedule_policy,
-            "prefetch_threshold": prefetch_threshold, "max_prefill_tokens": max_prefill_tokens,
-            "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
-            "time_scale": time_scale, "arrivals": arrivals, "max_context_tokens": max_context,
-            "max_running_requests": max_running_requests, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
-            "sglang_rules": sglang, "dp": dp, "router": router, "enable_mixed_chunk": enable_mixed_chunk,
-        }, defaults={"dp": ranks} if ranks else None,
-            defaults_origin=f"the imported run whose --trace-out this trace is (its export named {ranks} ranks)")
-        if not no_probes:  # the store is not one of the files this replay reads (tierdiag/paths.py)
-            from tierdiag.paths import check_output
+    # A twin of an observed run replays on as many ranks as the server had, unless told.
+    ranks = twin_dp(None if no_probes else db, trace) if dp is None else None
+    # --sglang OLD,NEW (cli/upgrade.py): the options are checked under NEW here, under OLD by its plan.
+    releases = upgrade_releases(sglang, jobs=jobs, no_probes=no_probes)
+    if len(releases) == 2:
+        sglang = releases[1]
+    cfg = load_config(config, {
+        "model": model, "gpu": gpu, "device_tokens": device_tokens, "host_tokens": host_tokens,
+        "storage_tokens": storage_tokens, "storage_dir": str(storage_dir) if storage_dir else None,
+        "page_size": page_size, "block_size": block_size,
+        "write_policy": write_policy, "eviction_policy": eviction_policy, "tlru_threshold": tlru_threshold,
+        "tlru_next_prompt_estimate": tlru_next_prompt_estimate,
+        "load_back_threshold": load_back_threshold, "prefetch_policy": prefetch_policy,
+        "schedule_policy": schedule_policy,
+        "prefetch_threshold": prefetch_threshold, "max_prefill_tokens": max_prefill_tokens,
+        "layerwise_overlap": overlap, "timing": timing, "profile": str(profile) if profile else None,
+        "time_scale": time_scale, "arrivals": arrivals, "max_context_tokens": max_context,
+        "max_running_requests": max_running_requests, "seed": seed, "verify": verify, "data_plane_mib": data_plane_mib,
+        "sglang_rules": sglang, "dp": dp, "router": router, "enable_mixed_chunk": enable_mixed_chunk,
+    }, defaults={"dp": ranks} if ranks else None,
+        defaults_origin=f"the imported run whose --trace-out this trace is (its export named {ranks} ranks)")
+    if not no_probes:  # the store is not one of the files this replay reads (tierdiag/paths.py)
+        from tierdiag.paths import check_output
 
-            check_output(db, what="--db", inputs=[("TRACE", trace), ("--config", config), ("--profile", profile)],
-                         store=True)
-        for warning in cfg.warnings():
-            err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
-        if len(releases) == 2:
-            from tierdiag.cli.upgrade import replay_upgrade
+        check_output(db, what="--db", inputs=[("TRACE", trace), ("--config", config), ("--profile", profile)],
+                     store=True)
+    for warning in cfg.warnings():
+        err.print(f"tierdiag: warning: {warning}", markup=False, highlight=False)
+    if len(releases) == 2:
+        from tierdiag.cli.upgrade import replay_upgrade
 
-            return replay_upgrade(trace, cfg, releases, db=db, run_name=run_name, jobs=jobs, skip_bad=skip_bad,
-                                  json_=json_)
-        # Imported here, not at the top: every command module is imported to register it.
-        from tierdiag.app.replay import ReplayInterrupted, replay as run_replay
+        return replay_upgrade(trace, cfg, releases, db=db, run_name=run_name, jobs=jobs, skip_bad=skip_bad,
+                              json_=json_)
+    # Imported here, not at the top: every command module is imported to register it.
+    from tierdiag.app.replay import ReplayInterrupted, replay as run_replay
 
-        if not json_:
-            # What the closing table and an interrupt's line print with, loaded now, whole: a signal
-            # landing in one of these imports at the end would stop it part-way (decimal's C part,
-            # under rich.table), and importing it again prints a libmpdec warning on stderr.
-            with signals.deferred():
-                import rich.table  # noqa: F401
-                import rich.text  # noqa: F401
+    if not json_:
+        # What the closing table and an interrupt's line print with, loaded now, whole: a signal
+        # landing in one of these imports at the end would stop it part-way (decimal's C part,
+        # under rich.table), and importing it again prints a libmpdec warning on stderr.
+        with signals.deferred():
+            import rich.table  # noqa: F401
+            import rich.text  # noqa: F401
 
-                import tierdiag.report.terminal  # noqa: F401
+            import tierdiag.report.terminal  # noqa: F401
 
-        bar, progress = _progress_bar(trace, show_bar=not json_)
-        with bar:
-            try:
-                summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name,
-                                     probes=not no_probes, skip_bad=skip_bad,
-                                     command_line=command_line(), progress=progress,
-                                     process_ends=process_ends_unfreed(),
-                                     leave_stopped_again=_leave_stopped_again(bar, progress) if process_ends_after() else None,
-                                     recording=ahead)
-            except ReplayInterrupted as exc:
-                if progress is not None:  # a bar is shown: it goes before the interrupt's line
-                    bar.stop()
-                # The CLI's one place for interrupts prints it and exits 130 (143 for SIGTERM).
-                raise RunInterrupted(_interrupted_line(exc)) from None
-
+    bar, progress = _progress_bar(trace, show_bar=not json_)
+    with bar:
         try:
-            if summary.bad_lines:
-                print(f"tierdiag: {_skipped_line(summary.bad_lines, summary.first_bad)}", file=sys.stderr)
-            if summary.unknown_keys:
-                err.print(f"tierdiag: warning: ignored unknown trace keys: {', '.join(summary.unknown_keys)}",
-                          markup=False, highlight=False)
-            Sink(json=json_).emit(summary, cfg=cfg)
-        except KeyboardInterrupt:
-            # While the closing numbers are printed: the run is closed (complete) and stays so. Its
-            # request rows are the finished and the rejected requests (the file's count, as above).
-            kept = ReplayInterrupted(summary.run_id, summary.db_path, summary.num_requests + summary.num_rejected,
-                                     status=summary.status)
-            raise RunInterrupted(_interrupted_line(kept)) from None
+            summary = run_replay(trace, cfg, db=None if no_probes else db, run_name=run_name,
+                                 probes=not no_probes, skip_bad=skip_bad,
+                                 command_line=command_line(), progress=progress,
+                                 process_ends=process_ends_unfreed(),
+                                 leave_stopped_again=_leave_stopped_again(bar, progress) if process_ends_after() else None)
+        except ReplayInterrupted as exc:
+            if progress is not None:  # a bar is shown: it goes before the interrupt's line
+                bar.stop()
+            # The CLI's one place for interrupts prints it and exits 130 (143 for SIGTERM).
+            raise RunInterrupted(_interrupted_line(exc)) from None
+
+    try:
+        if summary.bad_lines:
+            print(f"tierdiag: {_skipped_line(summary.bad_lines, summary.first_bad)}", file=sys.stderr)
+        if summary.unknown_keys:
+            err.print(f"tierdiag: warning: ignored unknown trace keys: {', '.join(summary.unknown_keys)}",
+                      markup=False, highlight=False)
+        Sink(json=json_).emit(summary, cfg=cfg)
+    except KeyboardInterrupt:
+        # While the closing numbers are printed: the run is closed (complete) and stays so. Its
+        # request rows are the finished and the rejected requests (the file's count, as above).
+        kept = ReplayInterrupted(summary.run_id, summary.db_path, summary.num_requests + summary.num_rejected,
+                                 status=summary.status)
+        raise RunInterrupted(_interrupted_line(kept)) from None
 
 
 def _leave_stopped_again(bar, progress):

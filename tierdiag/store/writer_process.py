@@ -446,12 +446,6 @@ class WriterProcess:
         if proc is None:
             return
         _close_pipes(proc)
-        if self.db_path is None:
-            # Never asked to open a store (its caller failed or was stopped first): it holds
-            # nothing to commit or let go of, and is ended now rather than waited for through
-            # the rest of its start-up (its imports, ~0.2-0.3 s), after which it would leave.
-            self._reap(proc, 0.0)
-            return
         if not wait and self.closed_as is not None and self._dead is None:
             import atexit
 
