@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tierdiag.errors import TierdiagError
+from tierdiag.errors import ConfigError, TierdiagError
 from tierdiag.store.writer import FINAL_WAIT_S
 
 # After the sweep, a last try to move kept runs into a --db that was busy: the full wait was
@@ -102,7 +102,15 @@ def resume(kept: str | os.PathLike, db: str | os.PathLike,
     con = open_store(kept)  # missing, foreign, damaged: its own one-line error
     try:
         sweeps = sweep_ids(con)
+        # A store with runs of no sweep in it (a replay's, an import's) is no store a sweep kept:
+        # merging it would move every run out of it and remove the file the user named.
+        strays = con.execute("SELECT count(*) FROM runs WHERE sweep_id IS NULL").fetchone()[0]
     finally:
         con.close()
+    if strays:
+        raise ConfigError(
+            f"--resume {kept}: {strays} of its runs were not made by a sweep, so it is no store a sweep kept; "
+            "nothing was changed",
+            hint="--resume merges the DB-stem.SWEEP_ID.duckdb store a sweep named, and removes it")
     copied, present = merge_store(kept, Path(db), progress=progress)
     return Resumed(str(kept), sweeps[0] if len(sweeps) == 1 else None, tuple(copied), tuple(present))
