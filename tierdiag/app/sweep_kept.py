@@ -94,7 +94,7 @@ def resume(kept: str | os.PathLike, db: str | os.PathLike,
 
     A failure (--db still busy, a full disk) leaves the kept store as it was, less the runs
     already copied, for another try."""
-    from tierdiag.diagnose.read.ids import sweep_ids
+    from tierdiag.diagnose.read.ids import runs_of_no_sweep, sweep_ids
     from tierdiag.store.copy_run import merge_store
     from tierdiag.store.reader import open_store
 
@@ -104,7 +104,7 @@ def resume(kept: str | os.PathLike, db: str | os.PathLike,
         sweeps = sweep_ids(con)
         # A store with runs of no sweep in it (a replay's, an import's) is no store a sweep kept:
         # merging it would move every run out of it and remove the file the user named.
-        strays = con.execute("SELECT count(*) FROM runs WHERE sweep_id IS NULL").fetchone()[0]
+        strays = runs_of_no_sweep(con)
     finally:
         con.close()
     if strays:

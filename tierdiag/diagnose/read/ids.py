@@ -17,3 +17,9 @@ def first_slow_request(con: duckdb.DuckDBPyConnection, run_id: str) -> str | Non
 def sweep_ids(con: duckdb.DuckDBPyConnection) -> list[str | None]:
     """The distinct sweep ids of the store's runs (None: runs of no sweep)."""
     return [r[0] for r in con.execute("SELECT DISTINCT sweep_id FROM runs").fetchall()]
+
+
+def runs_of_no_sweep(con: duckdb.DuckDBPyConnection) -> int:
+    """How many of the store's runs no sweep made (a replay's, an import's): `sweep --resume`
+    refuses a store that holds any (app/sweep_kept.py)."""
+    return con.execute("SELECT count(*) FROM runs WHERE sweep_id IS NULL").fetchall()[0][0]
