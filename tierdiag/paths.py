@@ -194,6 +194,15 @@ def prepare_output_path(path: Path, *, what: str, inputs: Iterable[tuple[str, st
         if not (stream_special and (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode))):
             raise ConfigError(f"{what} {path} is {file_kind(mode)}: refusing to write to it",
                               hint=f"pass a regular file to {what}")
+    if store and mode is None and os.path.islink(path):
+        # A store's link to nothing: DuckDB makes the file at the link's target (other outputs
+        # replace the link), so the target's folder must be there (where it is not, DuckDB's own
+        # error named the link, not what was missing).
+        target = Path(os.path.realpath(path))
+        if not target.parent.is_dir():
+            raise OutputError(f"cannot write {path}: it links to {os.readlink(path)}, "
+                              f"and the folder {target.parent} is not there",
+                              hint=f"make that folder, or pass another {what}")
     parent = path.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)

@@ -212,3 +212,36 @@ def test_export_into_a_file_names_it(place):
     tierdiag_in_process("export", trace, "--db", "s.duckdb", env=env, cwd=work).fails(
         6, "cannot export into", "it is a file")
     assert trace.read_text() == "".join(x + "\n" for x in good_lines(6))
+
+
+# --- a link to nothing ----------------------------------------------------------------------------
+
+_TARGET_NAMES = st.sampled_from(["x.duckdb", "[bold]x.duckdb", "a b.duckdb", "é.duckdb", "x\x1b[31m.duckdb"])
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=_TARGET_NAMES, depth=st.integers(1, 3))
+def test_a_db_linking_into_a_missing_folder_names_what_is_missing(tmp_path_factory, name, depth):
+    """`--db L` where L links to a file in a folder that is not there: one line naming the link's
+    target and the missing folder (DuckDB's own error named the link), exit 6, nothing made."""
+    work = tmp_path_factory.mktemp("dangling")
+    trace = write_trace(work / "t.jsonl", good_lines(6))
+    missing = work.joinpath(*(f"gone{i}" for i in range(depth)))
+    link = work / "l.duckdb"
+    link.symlink_to(missing / name)
+    result = tierdiag_in_process("replay", trace, "--db", link, *SMALL, cwd=work)
+    line = result.fails(6, "it links to", "is not there")
+    assert f"{work}/gone0" in line, "the missing folder is named"
+    assert "\x1b" not in result.err
+    assert sorted(p.name for p in work.iterdir()) == ["l.duckdb", "t.jsonl"]
+    assert link.is_symlink() and not missing.exists()
+
+
+def test_a_db_linking_to_a_new_file_in_a_folder_that_is_there_records_into_it(place):
+    work, home, trace = place
+    (work / "real").mkdir()
+    link = work / "l.duckdb"
+    link.symlink_to(work / "real" / "s.duckdb")
+    assert tierdiag_in_process("replay", trace, "--db", link, *SMALL, env=_env(home), cwd=work).code == 0
+    assert (work / "real" / "s.duckdb").is_file() and link.is_symlink()
+    assert tierdiag_in_process("runs", "--db", link, env=_env(home), cwd=work).code == 0
